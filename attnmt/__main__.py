@@ -1,0 +1,3 @@
+from attnmt.cli import app
+
+app(prog_name="attnmt")

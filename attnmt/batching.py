@@ -1,0 +1,187 @@
+"""Token ids -> tensors: the ``Batch``, ``collate`` and a length-bucketed token-budget batch sampler.
+
+Letters: B batch, S source length, T target length.
+
+The sampler's batches are a pure function of (lengths, max_tokens, seed, epoch): there is nothing to
+skip or replay on resume, only an index into the epoch's list. Dealt to N ranks, every example is used
+exactly once per epoch and every rank takes the same number of steps (``TokenBatchSampler``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, fields
+
+import numpy as np
+import torch
+
+from .errors import DataError
+from .masks import padding_mask
+from .tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+
+@dataclass
+class Batch:
+    """A padded batch; masks are boolean with True = a real token (may be attended to)."""
+
+    src: torch.Tensor  # (B, S) source ids + EOS
+    src_lengths: torch.Tensor  # (B,)
+    src_mask: torch.Tensor  # (B, S)
+    tgt_in: torch.Tensor  # (B, T) BOS + target ids: the decoder's input
+    tgt_out: torch.Tensor  # (B, T) target ids + EOS: what it must predict
+    tgt_lengths: torch.Tensor  # (B,)
+    tgt_mask: torch.Tensor  # (B, T)
+    indices: torch.Tensor  # (B,) positions of the examples in their corpus
+
+    @property
+    def size(self) -> int:
+        return self.src.size(0)
+
+    @property
+    def n_src_tokens(self) -> int:
+        return int(self.src_lengths.sum())
+
+    @property
+    def n_tgt_tokens(self) -> int:
+        """Non-pad target tokens: the loss is summed over these."""
+        return int(self.tgt_lengths.sum())
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
+        return Batch(**{f.name: getattr(self, f.name).to(device, non_blocking=non_blocking) for f in fields(self)})
+
+
+def collate(
+    src_ids: Sequence[Sequence[int]],
+    tgt_ids: Sequence[Sequence[int]] | None = None,
+    indices: Sequence[int] | None = None,
+) -> Batch:
+    """Pad a list of examples into a ``Batch``; without targets, ``tgt_*`` are empty (B, 0) tensors."""
+    n = len(src_ids)
+    src_lengths = torch.tensor([len(s) + 1 for s in src_ids], dtype=torch.long)
+    src = torch.full((n, int(src_lengths.max(initial=1))), PAD_ID, dtype=torch.long)
+    for i, s in enumerate(src_ids):
+        src[i, : len(s)] = torch.as_tensor(s, dtype=torch.long)
+        src[i, len(s)] = EOS_ID
+    if tgt_ids is None:
+        tgt_lengths = torch.zeros(n, dtype=torch.long)
+        tgt_in = tgt_out = torch.zeros((n, 0), dtype=torch.long)
+    else:
+        tgt_lengths = torch.tensor([len(t) + 1 for t in tgt_ids], dtype=torch.long)
+        tgt_in = torch.full((n, int(tgt_lengths.max(initial=1))), PAD_ID, dtype=torch.long)
+        tgt_out = tgt_in.clone()
+        for i, t in enumerate(tgt_ids):
+            t = torch.as_tensor(t, dtype=torch.long)
+            tgt_in[i, 0] = BOS_ID
+            tgt_in[i, 1 : len(t) + 1] = t
+            tgt_out[i, : len(t)] = t
+            tgt_out[i, len(t)] = EOS_ID
+    return Batch(
+        src=src,
+        src_lengths=src_lengths,
+        src_mask=padding_mask(src_lengths, src.size(1)),
+        tgt_in=tgt_in,
+        tgt_out=tgt_out,
+        tgt_lengths=tgt_lengths,
+        tgt_mask=padding_mask(tgt_lengths, tgt_in.size(1)),
+        indices=torch.as_tensor(list(indices) if indices is not None else range(n), dtype=torch.long),
+    )
+
+
+def token_batches(lengths: np.ndarray, order: np.ndarray, max_tokens: int) -> list[list[int]]:
+    """Cut ``order`` (indices, sorted by length) into batches whose padded size fits ``max_tokens``.
+
+    A batch's cost is its size times its longest example (``lengths`` already counts BOS/EOS); an
+    example longer than the budget alone gets a batch of its own rather than being dropped.
+    """
+    batches: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for i in order.tolist():
+        n = int(lengths[i])
+        if current and max(longest, n) * (len(current) + 1) > max_tokens:
+            batches.append(current)
+            current, longest = [], 0
+        current.append(i)
+        longest = max(longest, n)
+    if current:
+        batches.append(current)
+    return batches
+
+
+class TokenBatchSampler:
+    """Length-bucketed batches under a token budget, deterministic from (seed, epoch), dealt to ranks.
+
+    ``lengths[i]`` is the cost of example i: max(source, target) tokens including BOS/EOS. For an epoch,
+    examples are shuffled with a generator seeded by (seed, epoch), sorted by length inside windows of
+    ``bucket_batches`` batches' worth of examples (so batches hold similar lengths but the corpus order
+    still varies), cut into batches, and the batches are shuffled. If the number of batches is not a
+    multiple of ``num_replicas * multiple_of``, the largest batches are split in two until it is, so
+    every rank takes the same number of steps and every example is still used exactly once.
+    Rank r takes global batches r, r + N, r + 2N, ...: with N ranks a step sees the same examples as
+    one rank accumulating N consecutive batches.
+    """
+
+    def __init__(
+        self,
+        lengths: Sequence[int],
+        max_tokens: int,
+        seed: int = 1,
+        shuffle: bool = True,
+        num_replicas: int = 1,
+        rank: int = 0,
+        multiple_of: int = 1,
+        bucket_batches: int = 100,
+    ) -> None:
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"rank {rank} is not in [0, {num_replicas})")
+        self.lengths = np.asarray(lengths, dtype=np.int64)
+        self.max_tokens = max_tokens
+        self.seed, self.shuffle = seed, shuffle
+        self.num_replicas, self.rank = num_replicas, rank
+        self.group = num_replicas * multiple_of
+        self.bucket_batches = bucket_batches
+        if len(self.lengths) < self.group:
+            raise DataError(
+                f"epoch has 0 steps: {len(self.lengths)} examples cannot fill {num_replicas} rank(s) x {multiple_of} "
+                f"accumulation step(s) (max_tokens={max_tokens})"
+            )
+
+    def global_batches(self, epoch: int) -> list[list[int]]:
+        """Every rank's batches of ``epoch``, in order; the same on every rank."""
+        n = len(self.lengths)
+        rng = np.random.default_rng([self.seed, epoch])
+        if not self.shuffle:
+            order = np.argsort(self.lengths, kind="stable")
+            batches = token_batches(self.lengths, order, self.max_tokens)
+        else:
+            order = rng.permutation(n)
+            mean_len = max(1.0, float(self.lengths.mean()))
+            window = max(1, int(self.bucket_batches * self.max_tokens / mean_len))
+            batches = []
+            for start in range(0, n, window):
+                chunk = order[start : start + window]
+                chunk = chunk[np.argsort(self.lengths[chunk], kind="stable")]
+                batches.extend(token_batches(self.lengths, chunk, self.max_tokens))
+            batches = [batches[i] for i in rng.permutation(len(batches))]
+        return self._make_divisible(batches)
+
+    def _make_divisible(self, batches: list[list[int]]) -> list[list[int]]:
+        while len(batches) % self.group:
+            # Split the batch with most examples; there is always one with >= 2 since n >= group.
+            i = max(range(len(batches)), key=lambda b: (len(batches[b]), -b))
+            big = batches[i]
+            half = len(big) // 2
+            batches[i : i + 1] = [big[:half], big[half:]]
+        return batches
+
+    def batches(self, epoch: int) -> list[list[int]]:
+        """This rank's batches of ``epoch``."""
+        return self.global_batches(epoch)[self.rank :: self.num_replicas]
+
+    def __len__(self) -> int:
+        """Steps per epoch for this rank (the same on every rank; may vary slightly between epochs)."""
+        return len(self.batches(0))
+
+    def iter_from(self, epoch: int, start: int = 0) -> Iterator[list[int]]:
+        """This rank's batches of ``epoch`` from batch index ``start`` on (resume)."""
+        yield from self.batches(epoch)[start:]

@@ -1,0 +1,191 @@
+"""The ``attnmt`` command line: the only module that prints, uses rich or chooses exit codes.
+
+Every expected failure is an ``AttnmtError`` raised below; ``_guard`` turns it into one ``error:`` line on
+stderr and the exit code of its class (``errors.py``). Anything else is a bug: one line, exit 1, and
+``--debug`` shows the traceback. Heavy libraries are imported inside the commands so that
+``attnmt --help`` stays fast and never touches the network.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from .errors import AttnmtError, ConfigError
+
+app = typer.Typer(
+    name="attnmt",
+    help="Train, decode, score and look inside attention-based neural machine translation models.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+    rich_markup_mode="rich",
+)
+
+_state = {"debug": False}
+
+
+@app.callback()
+def main(
+    debug: Annotated[bool, typer.Option("--debug", help="Show a full traceback on errors.")] = False,
+    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
+) -> None:
+    _state["debug"] = debug
+    logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if version:
+        from . import __version__
+
+        typer.echo(f"attnmt {__version__}")
+        raise typer.Exit(0)
+
+
+def _fail(message: str, code: int) -> None:
+    sys.stderr.write(f"error: {message}\n")
+    sys.stderr.flush()
+    raise typer.Exit(code)
+
+
+def _guard(body: Callable[[], None]) -> None:
+    """Run a command body, mapping failures to the exit-code contract."""
+    try:
+        body()
+    except AttnmtError as e:
+        if _state["debug"]:
+            raise
+        _fail(str(e).replace("\n", " "), e.exit_code)
+    except (typer.Exit, typer.Abort, KeyboardInterrupt):
+        raise
+    except MemoryError:
+        _fail("out of memory (reduce train.max_tokens or the corpus size)", 5)
+    except Exception as e:
+        if _state["debug"]:
+            raise
+        first = str(e).splitlines()[0] if str(e) else ""
+        _fail(f"internal error: {type(e).__name__}: {first} (run with --debug for a traceback)", 1)
+
+
+ConfigArg = Annotated[Path, typer.Argument(help="The YAML config file.", show_default=False)]
+RunDirOpt = Annotated[Optional[Path], typer.Option("--run-dir", help="The run folder (default: train.run_dir of the config).")]
+SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="Override a config key, e.g. --set train.lr=3e-4 (repeatable).")]
+
+
+def _load(config: Path, overrides: Optional[list[str]]):
+    from .config import load_config
+
+    return load_config(config, overrides or [])
+
+
+@app.command()
+def prepare(config: ConfigArg, run_dir: RunDirOpt = None, set_: SetOpt = None) -> None:
+    """Clean the data, train or load the tokenizer, encode the corpora and print corpus statistics."""
+
+    def body() -> None:
+        import datasets
+
+        from .prepare import prepare as run_prepare
+        from .runfiles import RunDir, RunLock
+
+        datasets.disable_progress_bars()
+        cfg = _load(config, set_)
+        run = RunDir(Path(run_dir) if run_dir is not None else cfg.train.run_dir)
+        if run_dir is not None:
+            cfg.train.run_dir = run.root.resolve()
+        with RunLock(run):
+            report = run_prepare(cfg, run)
+        _print_report(report)
+
+    _guard(body)
+
+
+def _print_report(report) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"corpus statistics ({report.run_dir})", title_justify="left")
+    table.add_column("")
+    for s in report.splits:
+        table.add_column(s.name, justify="right")
+    reasons = list(dict.fromkeys(why for s in report.splits for why in s.dropped))
+    rows = [("pairs read", [f"{s.read:,}" for s in report.splits]), ("pairs kept", [f"{s.kept:,}" for s in report.splits])]
+    rows += [(f"dropped: {why}", [f"{s.dropped.get(why, 0):,}" for s in report.splits]) for why in reasons]
+    for side in ("src", "tgt"):
+        rows.append((f"{side} pieces", [f"{getattr(s, side + '_tokens'):,}" for s in report.splits]))
+        rows.append((f"{side} length p50/p90/p99/max", ["/".join(map(str, getattr(s, side + "_percentiles").values())) for s in report.splits]))
+        rows.append((f"{side} unknown-piece rate", [f"{getattr(s, side + '_unk_rate'):.3%}" for s in report.splits]))
+    for label, values in rows:
+        table.add_row(label, *values)
+    console = Console()
+    console.print(table)
+    kind = "joint" if report.joint else "separate"
+    sizes = f"{report.src_vocab_size}" if report.joint else f"{report.src_vocab_size} / {report.tgt_vocab_size}"
+    console.print(f"tokenizer: {kind}, {sizes} pieces ({'trained' if report.tokenizer_trained else 'loaded'})")
+
+
+@app.command("toy-data")
+def toy_data(
+    out_dir: Annotated[Path, typer.Argument(help="Folder to write train/dev/test .en, .de and .align files into.")],
+    train_size: Annotated[int, typer.Option(min=1)] = 10000,
+    dev_size: Annotated[int, typer.Option(min=1)] = 500,
+    test_size: Annotated[int, typer.Option(min=1)] = 500,
+    seed: int = 1,
+) -> None:
+    """Write the embedded toy task (English -> German dates) with its gold word alignments."""
+
+    def body() -> None:
+        from .data import write_toy
+
+        files = write_toy(out_dir, {"train": train_size, "dev": dev_size, "test": test_size}, seed)
+        typer.echo(f"wrote {len(files)} files to {out_dir}")
+
+    _guard(body)
+
+
+def _not_yet(command: str, issue: int) -> None:
+    _fail(f"`attnmt {command}` is not available in this version yet (tracked as issue {issue})", ConfigError.exit_code)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def train(ctx: typer.Context) -> None:
+    """Train a model from a config (resumes an existing run folder). (not available yet)"""
+    _not_yet("train", 4)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def translate(ctx: typer.Context) -> None:
+    """Translate sentences, a file or stdin with a trained model. (not available yet)"""
+    _not_yet("translate", 5)
+
+
+@app.command("eval", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def eval_(ctx: typer.Context) -> None:
+    """Score translations with sacrebleu (BLEU, chrF, TER). (not available yet)"""
+    _not_yet("eval", 5)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def plot(ctx: typer.Context) -> None:
+    """Draw attention heatmaps of translated sentences. (not available yet)"""
+    _not_yet("plot", 6)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def align(ctx: typer.Context) -> None:
+    """Extract word alignments from attention and score them. (not available yet)"""
+    _not_yet("align", 6)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def average(ctx: typer.Context) -> None:
+    """Average the parameters of several checkpoints. (not available yet)"""
+    _not_yet("average", 5)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def info(ctx: typer.Context) -> None:
+    """Print a model's architecture and parameter counts. (not available yet)"""
+    _not_yet("info", 3)

@@ -1,0 +1,541 @@
+"""YAML configuration: a safe loader, pydantic models for every section, and ``load_config``.
+
+A config has five sections: ``data``, ``tokenizer``, ``model`` (``arch: lstm | transformer``), ``train``
+and ``decode``. Every mistake is caught at load time and reported as one line that names the file,
+the line and the dotted key, e.g. ``configs/toy.yaml:12: model.n_head: unknown key (did you mean
+n_heads?)``.
+
+The loader reads YAML 1.2 scalars, which removes the YAML 1.1 traps PyYAML keeps by default: ``no``
+stays the string "no" (only ``true``/``false`` are booleans), ``1e-3`` is a float, ``010`` is an
+error instead of octal 8, and ``1:30`` is a string instead of sexagesimal 90. Duplicate keys and
+aliases are errors (aliases allow "billion laughs" bombs when a config is dumped or hashed).
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
+from pydantic import StrictBool as Bool
+from pydantic import StrictInt as Int
+from pydantic import StrictStr as Str
+
+from .errors import ConfigError
+
+MAX_CONFIG_BYTES = 1 << 20
+
+# Strict float: accepts 3 or 3.0 but not "3" or true; finite only (.nan and .inf are mistakes here).
+Float = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+PositiveInt = Annotated[int, Field(strict=True, gt=0)]
+Probability = Annotated[float, Field(strict=True, ge=0.0, lt=1.0, allow_inf_nan=False)]
+
+
+# --------------------------------------------------------------------------------------------- YAML
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader with YAML 1.2 core-schema scalars, no duplicate keys and no aliases."""
+
+
+# Replace the YAML 1.1 implicit resolvers for bool, int and float with YAML 1.2 core-schema ones.
+_StrictLoader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag not in ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_StrictLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
+_StrictLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:int", re.compile(r"^(?:[-+]?(?:0|[1-9][0-9_]*)|0o[0-7]+|0x[0-9a-fA-F]+)$"), list("-+0123456789")
+)
+_StrictLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9][0-9_]*(?:\.[0-9_]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
+    list("-+.0123456789"),
+)
+_LEADING_ZERO_TAG = "tag:attnmt,2026:leading-zero"
+_StrictLoader.add_implicit_resolver(_LEADING_ZERO_TAG, re.compile(r"^[-+]?0[0-9_]+$"), list("-+0"))
+
+
+def _construct_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
+    return int(loader.construct_scalar(node).replace("_", ""), 0)
+
+
+def _reject_leading_zero(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> Any:
+    raise yaml.constructor.ConstructorError(
+        None, None, f"{node.value!r}: leading zeros are not allowed (YAML 1.1 reads it as octal; quote it if it is a string)", node.start_mark
+    )
+
+
+def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: dict[Any, yaml.Mark] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r} (first defined on line {seen[key].line + 1})", key_node.start_mark
+            )
+        seen[key] = key_node.start_mark
+    return loader.construct_mapping(node, deep=deep)
+
+
+def _compose_node(self: _StrictLoader, parent: Any, index: Any) -> Any:
+    if self.check_event(yaml.AliasEvent):
+        event = self.peek_event()
+        raise yaml.composer.ComposerError(None, None, "aliases are not allowed in attnmt configs", event.start_mark)
+    return yaml.SafeLoader.compose_node(self, parent, index)
+
+
+_StrictLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
+_StrictLoader.add_constructor(_LEADING_ZERO_TAG, _reject_leading_zero)
+_StrictLoader.add_constructor("tag:yaml.org,2002:map", _construct_mapping)
+_StrictLoader.compose_node = _compose_node  # type: ignore[method-assign]
+
+
+def parse_yaml(text: str, source: str) -> tuple[Any, dict[tuple[str, ...], int]]:
+    """Parse ``text`` with the strict loader; return the data and a map from key path to line number."""
+    try:
+        loader = _StrictLoader(text)
+        try:
+            node = loader.get_single_node()
+            data = loader.construct_document(node) if node is not None else None
+        finally:
+            loader.dispose()
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
+        problem = e.problem or e.context or "invalid YAML"
+        kind = "YAML syntax error" if isinstance(e, (yaml.scanner.ScannerError, yaml.parser.ParserError)) else "YAML error"
+        raise ConfigError(f"{where}: {kind}: {problem}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{source}: YAML error: {e}") from None
+    lines: dict[tuple[str, ...], int] = {}
+    if node is not None:
+        _collect_lines(node, (), lines)
+    return data, lines
+
+
+def _collect_lines(node: yaml.Node, path: tuple[str, ...], out: dict[tuple[str, ...], int]) -> None:
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            sub = (*path, str(key_node.value))
+            out[sub] = key_node.start_mark.line + 1
+            _collect_lines(value_node, sub, out)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            sub = (*path, str(i))
+            out[sub] = item.start_mark.line + 1
+            _collect_lines(item, sub, out)
+
+
+# ------------------------------------------------------------------------------------ the sections
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+class TextSource(Section):
+    """Two aligned text files, one sentence per line, plain or gzipped."""
+
+    format: Literal["text"] = "text"
+    src: Path
+    tgt: Path
+
+
+class TsvSource(Section):
+    """One tab-separated file; columns are counted from 0."""
+
+    format: Literal["tsv"]
+    path: Path
+    src_column: Annotated[int, Field(strict=True, ge=0)] = 0
+    tgt_column: Annotated[int, Field(strict=True, ge=0)] = 1
+
+
+class JsonlSource(Section):
+    """One JSON object per line; fields may be dotted (``translation.de``)."""
+
+    format: Literal["jsonl"]
+    path: Path
+    src_field: Str
+    tgt_field: Str
+
+
+class HfSource(Section):
+    """A Hugging Face dataset: a hub name, or a builder (json, csv, parquet, arrow) with local data files."""
+
+    format: Literal["hf"]
+    name: Str
+    data_files: Union[Path, list[Path], None] = None
+    config_name: Union[Str, None] = None
+    split: Str = "train"
+    src_field: Str
+    tgt_field: Str
+
+
+class ToySource(Section):
+    """The embedded default: generated date-translation pairs (see ``data.toy_pairs``)."""
+
+    format: Literal["toy"]
+    split: Literal["train", "dev", "test"]
+    size: PositiveInt
+    seed: Int = 1
+
+
+def _source_tag(value: Any) -> str:
+    if isinstance(value, dict):
+        fmt = value.get("format", "text")
+        return fmt if isinstance(fmt, str) else "text"
+    return getattr(value, "format", "text")
+
+
+Source = Annotated[
+    Union[
+        Annotated[TextSource, Tag("text")],
+        Annotated[TsvSource, Tag("tsv")],
+        Annotated[JsonlSource, Tag("jsonl")],
+        Annotated[HfSource, Tag("hf")],
+        Annotated[ToySource, Tag("toy")],
+    ],
+    Discriminator(_source_tag, custom_error_type="invalid_format", custom_error_message="format must be one of text, tsv, jsonl, hf, toy"),
+]
+
+
+class DataConfig(Section):
+    src_lang: Str = "src"
+    tgt_lang: Str = "tgt"
+    train: Source
+    dev: Union[Source, None] = None
+    test: Union[Source, None] = None
+    max_len: PositiveInt = 128
+    """Pairs with more subword pieces than this on either side are dropped from training."""
+    max_ratio: Annotated[float, Field(strict=True, ge=1.0, allow_inf_nan=False)] = 3.0
+    """Pairs whose piece counts differ by more than this factor are dropped from training."""
+    max_dropped_fraction: Annotated[float, Field(strict=True, ge=0.0, le=1.0, allow_inf_nan=False)] = 0.5
+    """Stop with an error when cleaning drops more than this fraction of the training pairs."""
+
+
+class TokenizerConfig(Section):
+    model_type: Literal["bpe", "unigram"] = "unigram"
+    joint: Bool = True
+    vocab_size: Annotated[int, Field(strict=True, ge=8)] = 8000
+    character_coverage: Annotated[float, Field(strict=True, gt=0.0, le=1.0, allow_inf_nan=False)] = 1.0
+    sample_size: PositiveInt = 1_000_000
+    """Train sentencepiece on at most this many sentences (sampled) per model."""
+    hard_vocab_limit: Bool = True
+    src_model: Union[Path, None] = None
+    """An existing sentencepiece model to load instead of training one (joint: the only model)."""
+    tgt_model: Union[Path, None] = None
+
+
+class LSTMConfig(Section):
+    arch: Literal["lstm"]
+    emb_dim: PositiveInt = 256
+    hidden_size: PositiveInt = 256
+    """Per direction in the encoder; the decoder's hidden size is twice this."""
+    enc_layers: PositiveInt = 2
+    dec_layers: PositiveInt = 1
+    dropout: Probability = 0.3
+    attention: Literal["additive", "dot", "general"] = "additive"
+    attn_dim: PositiveInt = 256
+    input_feeding: Bool = True
+    tie_embeddings: Bool = False
+    """Tie the decoder's input embedding and the output projection."""
+
+
+class TransformerConfig(Section):
+    arch: Literal["transformer"]
+    d_model: PositiveInt = 256
+    n_heads: PositiveInt = 4
+    enc_layers: PositiveInt = 3
+    dec_layers: PositiveInt = 3
+    d_ff: PositiveInt = 1024
+    dropout: Probability = 0.1
+    attn_dropout: Probability = 0.0
+    activation: Literal["relu", "gelu"] = "relu"
+    norm: Literal["pre", "post"] = "pre"
+    positions: Literal["sinusoidal", "learned"] = "sinusoidal"
+    max_positions: PositiveInt = 1024
+    enc_kernel: Literal["sdpa", "math", "linear", "sparse"] = "sdpa"
+    dec_kernel: Literal["sdpa", "math", "linear"] = "sdpa"
+    heads: Literal["full", "split"] = "full"
+    share_embeddings: Bool = True
+    """Share source and target embeddings (needs a joint vocabulary)."""
+    tie_output: Bool = True
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> TransformerConfig:
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        return self
+
+
+ModelConfig = Annotated[Union[LSTMConfig, TransformerConfig], Field(discriminator="arch")]
+
+
+class TrainConfig(Section):
+    run_dir: Union[Path, None] = None
+    """Where the run lives; default ``runs/<config name>`` next to the config's folder."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    precision: Literal["fp32", "bf16", "fp16"] = "bf16"
+    """Used on CUDA only; the CPU always trains in fp32."""
+    compile: Bool = False
+    seed: Int = 1
+    deterministic: Bool = False
+    lr: Annotated[float, Field(strict=True, gt=0.0, allow_inf_nan=False)] = 5e-4
+    betas: tuple[Probability, Probability] = (0.9, 0.98)
+    weight_decay: Annotated[float, Field(strict=True, ge=0.0, allow_inf_nan=False)] = 0.0
+    schedule: Literal["inverse_sqrt", "cosine", "plateau", "constant"] = "inverse_sqrt"
+    warmup_steps: Annotated[int, Field(strict=True, ge=0)] = 4000
+    min_lr: Annotated[float, Field(strict=True, ge=0.0, allow_inf_nan=False)] = 0.0
+    max_steps: Annotated[int, Field(strict=True, ge=0)] = 0
+    """0 = no limit (then max_epochs decides)."""
+    max_epochs: PositiveInt = 100
+    max_tokens: PositiveInt = 4096
+    """Token budget of one batch: (padded) source or target tokens, whichever side is longer."""
+    accum_steps: PositiveInt = 1
+    clip_norm: Annotated[float, Field(strict=True, ge=0.0, allow_inf_nan=False)] = 1.0
+    label_smoothing: Probability = 0.1
+    log_every: PositiveInt = 50
+    eval_every: PositiveInt = 1000
+    save_every: PositiveInt = 1000
+    keep_last: Annotated[int, Field(strict=True, ge=2)] = 2
+    keep_best: PositiveInt = 1
+    metric: Literal["bleu", "chrf", "loss"] = "bleu"
+    patience: Annotated[int, Field(strict=True, ge=0)] = 0
+    """Stop after this many validations without improvement; 0 = never."""
+    max_nonfinite: PositiveInt = 10
+    plot_every: Annotated[int, Field(strict=True, ge=0)] = 0
+    tensorboard: Bool = False
+
+
+class DecodeConfig(Section):
+    beam_size: PositiveInt = 5
+    nbest: PositiveInt = 1
+    length_penalty: Annotated[float, Field(strict=True, ge=0.0, allow_inf_nan=False)] = 0.6
+    """GNMT alpha (Wu et al. 2016, eq. 14); 0 = plain log-probability."""
+    min_len: Annotated[int, Field(strict=True, ge=0)] = 0
+    max_len_a: Annotated[float, Field(strict=True, ge=0.0, allow_inf_nan=False)] = 1.5
+    max_len_b: Annotated[int, Field(strict=True, ge=1)] = 10
+    """The output has at most a * source length + b pieces; EOS is forced at that point."""
+    max_src_len: PositiveInt = 256
+    max_tokens: PositiveInt = 8000
+
+    @model_validator(mode="after")
+    def _nbest_fits(self) -> DecodeConfig:
+        if self.nbest > self.beam_size:
+            raise ValueError(f"nbest ({self.nbest}) must not exceed beam_size ({self.beam_size})")
+        return self
+
+
+class Config(Section):
+    data: DataConfig
+    tokenizer: TokenizerConfig = TokenizerConfig()
+    model: ModelConfig
+    train: TrainConfig = TrainConfig()
+    decode: DecodeConfig = DecodeConfig()
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able values (paths as strings), as written into the run folder."""
+        return self.model_dump(mode="json")
+
+
+# -------------------------------------------------------------------------------------- load_config
+
+
+def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Read, check and resolve a config file; ``overrides`` are ``dotted.key=yaml-value`` strings."""
+    path = Path(path)
+    source = str(path)
+    if not path.exists():
+        raise ConfigError(f"{source}: config file not found")
+    if path.is_dir():
+        raise ConfigError(f"{source}: is a directory, not a config file")
+    try:
+        raw_bytes = path.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"{source}: cannot read: {e.strerror}") from None
+    if len(raw_bytes) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{source}: config is larger than {MAX_CONFIG_BYTES} bytes")
+    try:
+        text = raw_bytes.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{source}: invalid UTF-8 at byte offset {e.start}") from None
+    data, lines = parse_yaml(text, source)
+    return config_from_dict(data, source=source, base_dir=path.parent, overrides=overrides, lines=lines)
+
+
+def config_from_dict(
+    data: Any,
+    source: str = "<config>",
+    base_dir: Path | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    lines: dict[tuple[str, ...], int] | None = None,
+) -> Config:
+    """Validate an already-parsed config; relative paths resolve against ``base_dir``."""
+    if data is None:
+        raise ConfigError(f"{source}: config is empty; it must be a mapping with sections data, model, ...")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: config must be a mapping, not a {type(data).__name__}")
+    lines = dict(lines or {})
+    for item in overrides:
+        key, value = parse_override(item)
+        set_dotted(data, key, value, f"--set {key}")
+        lines.pop(tuple(key.split(".")), None)
+    try:
+        cfg = Config.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_describe(e, source, lines, overrides)) from None
+    if cfg.train.run_dir is None:
+        stem = Path(source).stem if source != "<config>" else "run"
+        cfg.train.run_dir = Path("runs") / stem
+    if base_dir is not None:
+        _resolve_paths(cfg, base_dir.resolve())
+    return cfg
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """``"train.lr=3e-4"`` -> ``("train.lr", 0.0003)``; the value is read as a YAML scalar."""
+    key, sep, value = item.partition("=")
+    key = key.strip()
+    if not sep or not key or not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_0-9][\w]*)*", key):
+        raise ConfigError(f"--set {item!r}: expected KEY=VALUE with a dotted key, e.g. train.lr=3e-4")
+    parsed, _ = parse_yaml(value, f"--set {key}") if value.strip() else ("", {})
+    return key, parsed
+
+
+def set_dotted(data: dict, key: str, value: Any, where: str) -> None:
+    parts = key.split(".")
+    node = data
+    for part in parts[:-1]:
+        nxt = node.get(part)
+        if nxt is None:
+            nxt = node[part] = {}
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"{where}: {part} is not a section")
+        node = nxt
+    node[parts[-1]] = value
+
+
+def _resolve_paths(model: BaseModel, base: Path) -> None:
+    """Make every relative Path field absolute against the config's folder, in place."""
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        if isinstance(value, BaseModel):
+            _resolve_paths(value, base)
+        elif isinstance(value, Path):
+            object.__setattr__(model, name, _absolute(value, base))
+        elif isinstance(value, list) and value and all(isinstance(v, Path) for v in value):
+            object.__setattr__(model, name, [_absolute(v, base) for v in value])
+
+
+def _absolute(path: Path, base: Path) -> Path:
+    path = path.expanduser()
+    return path if path.is_absolute() else base / path
+
+
+# ------------------------------------------------------------------------------------- error text
+
+_TYPE_WORDS = {bool: "boolean", int: "integer", float: "number", str: "string", list: "list", dict: "mapping", type(None): "null"}
+
+
+def _describe(error: ValidationError, source: str, lines: dict[tuple[str, ...], int], overrides) -> str:
+    """The first validation error as ``file:line: dotted.key: what is wrong``."""
+    err = error.errors(include_url=False)[0]
+    loc = _clean_loc(err["loc"])
+    key = ".".join(str(p) for p in loc) or "(top level)"
+    message = _message(err, loc)
+    line = None
+    for n in range(len(loc), 0, -1):
+        line = lines.get(tuple(str(p) for p in loc[:n]))
+        if line is not None:
+            break
+    override_keys = {o.partition("=")[0].strip() for o in overrides}
+    if key in override_keys:
+        return f"--set {key}: {message}"
+    where = f"{source}:{line}" if line else source
+    return f"{where}: {key}: {message}"
+
+
+_TAGS = {"text", "tsv", "jsonl", "hf", "toy", "lstm", "transformer"}
+
+
+def _clean_loc(loc: tuple) -> tuple:
+    """Drop pydantic's union-member tags (``model.transformer.n_heads`` -> ``model.n_heads``)."""
+    out = []
+    for i, part in enumerate(loc):
+        if i > 0 and isinstance(part, str) and part in _TAGS and loc[i - 1] in ("model", "train", "dev", "test"):
+            continue
+        if isinstance(part, str) and (part.startswith("function-") or part in ("list[Path]", "Path", "none", "tuple")):
+            continue
+        out.append(part)
+    return tuple(out)
+
+
+def _message(err: dict, loc: tuple) -> str:
+    kind = err["type"]
+    value = err.get("input")
+    if kind == "extra_forbidden":
+        valid = _valid_keys(loc[:-1])
+        close = difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]}?)" if close else (f" (valid keys: {', '.join(valid)})" if valid else "")
+        return f"unknown key{hint}"
+    if kind == "missing":
+        return "required key is missing"
+    got = _TYPE_WORDS.get(type(value), type(value).__name__)
+    if kind in ("string_type", "string_sub_type"):
+        hint = f" (quote it: '{str(value).lower()}')" if isinstance(value, bool) else ""
+        return f"expected a string, got {got}{hint}"
+    if kind in ("int_type", "int_parsing", "int_from_float"):
+        return f"expected an integer, got {got} {value!r}"
+    if kind in ("float_type", "float_parsing"):
+        return f"expected a number, got {got} {value!r}"
+    if kind == "finite_number":
+        return "must be a finite number"
+    if kind == "bool_type":
+        return f"expected true or false, got {got} {value!r}"
+    if kind == "literal_error":
+        return f"{value!r} is not one of {err['ctx']['expected']}"
+    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        op = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}[kind]
+        bound = next(iter(err["ctx"].values()))
+        return f"must be {op} {bound}, got {value!r}"
+    if kind == "value_error":
+        return str(err["ctx"]["error"])
+    if kind in ("model_type", "model_attributes_type", "dict_type"):
+        return f"expected a mapping, got {got}"
+    if kind == "union_tag_invalid":
+        return f"{err['ctx']['tag']!r} is not one of {err['ctx']['expected_tags']}"
+    if kind == "union_tag_not_found":
+        return f"missing key {err['ctx']['discriminator']}"
+    return err["msg"]
+
+
+def _valid_keys(loc: tuple) -> list[str]:
+    """The field names allowed at ``loc`` (used for did-you-mean hints)."""
+    classes: list[type[BaseModel]] = [Config]
+    for part in loc:
+        nxt: list[type[BaseModel]] = []
+        for cls in classes:
+            field = cls.model_fields.get(str(part))
+            if field is not None:
+                nxt.extend(_models_in(field.annotation))
+        classes = nxt
+    keys: list[str] = []
+    for cls in classes:
+        keys.extend(k for k in cls.model_fields if k not in keys)
+    return keys
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    out: list[type[BaseModel]] = []
+    if get_origin(annotation) is not None or get_args(annotation):
+        for arg in get_args(annotation):
+            out.extend(_models_in(arg))
+    return out

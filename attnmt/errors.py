@@ -1,0 +1,43 @@
+"""The error types every stage raises and the exit code each one maps to.
+
+Library code raises these with a message that names the file, key or line; only ``cli.py`` turns them
+into one ``error:`` line on stderr and an exit code (``../shared/RELIABILITY.md``, the contract).
+"""
+
+from __future__ import annotations
+
+
+class AttnmtError(Exception):
+    """An expected failure: the message is complete and is shown to the user as it is."""
+
+    exit_code = 1
+
+
+class ConfigError(AttnmtError):
+    """A usage or configuration error: bad YAML, an unknown key, a value out of range."""
+
+    exit_code = 2
+
+
+class DataError(AttnmtError):
+    """Input data that cannot be used: a missing file, invalid UTF-8, mismatched line counts."""
+
+    exit_code = 3
+
+
+class CheckpointError(AttnmtError):
+    """A checkpoint, model or tokenizer that is corrupt, unsafe or does not match."""
+
+    exit_code = 4
+
+
+class ResourceError(AttnmtError):
+    """Disk full, permission denied, out of memory, a run folder locked by another process."""
+
+    exit_code = 5
+
+
+class DivergedError(AttnmtError):
+    """Training produced non-finite values too many times in a row."""
+
+    exit_code = 6

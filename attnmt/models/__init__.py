@@ -1,0 +1,1 @@
+"""Model architectures (built by issue 3)."""

@@ -1,0 +1,193 @@
+"""sentencepiece tokenizers: train (BPE or unigram, joint or separate), save with sha256, load, encode.
+
+Special ids are fixed for every model attnmt trains: pad 0, unk 1, bos 2, eos 3. A tokenizer folder
+holds ``spm.model`` (joint) or ``src.model`` and ``tgt.model``, and ``tokenizer.json`` with the sha256
+of each model file; loading checks those hashes before the sentencepiece C++ loader sees the bytes
+(``../shared/RELIABILITY.md``: crafted models have crashed it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from .config import TokenizerConfig
+from .errors import CheckpointError, DataError
+
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+SPECIAL_PIECES = ("<pad>", "<unk>", "<s>", "</s>")
+META_FILE = "tokenizer.json"
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def train_model(sentences: Sequence[str], cfg: TokenizerConfig, seed: int = 1) -> bytes:
+    """Train one sentencepiece model on ``sentences``; returns the serialized model."""
+    import sentencepiece as spm
+
+    if len(sentences) > cfg.sample_size:
+        # Sample here rather than through sentencepiece's input_sentence_size so the result depends
+        # only on the seed, not on the C++ library's shuffling.
+        sentences = random.Random(seed).sample(list(sentences), cfg.sample_size)
+    model = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(sentences),
+            model_writer=model,
+            model_type=cfg.model_type,
+            vocab_size=cfg.vocab_size,
+            character_coverage=cfg.character_coverage,
+            hard_vocab_limit=cfg.hard_vocab_limit,
+            pad_id=PAD_ID,
+            unk_id=UNK_ID,
+            bos_id=BOS_ID,
+            eos_id=EOS_ID,
+            pad_piece=SPECIAL_PIECES[0],
+            unk_piece=SPECIAL_PIECES[1],
+            bos_piece=SPECIAL_PIECES[2],
+            eos_piece=SPECIAL_PIECES[3],
+            num_threads=2,
+            max_sentence_length=1 << 14,
+            minloglevel=2,
+        )
+    except RuntimeError as e:
+        message = str(e).split("\n")[0]
+        if "Vocabulary size" in message:
+            raise DataError(
+                f"tokenizer.vocab_size {cfg.vocab_size} is too large for this corpus: {message.split(': ')[-1]}"
+                " (lower tokenizer.vocab_size, or set tokenizer.hard_vocab_limit: false)"
+            ) from None
+        raise DataError(f"sentencepiece training failed: {message}") from None
+    return model.getvalue()
+
+
+@dataclass
+class Tokenizer:
+    """One (joint) or two (separate) sentencepiece models behind one interface."""
+
+    src_model: bytes
+    tgt_model: bytes
+    joint: bool
+
+    def __post_init__(self) -> None:
+        import sentencepiece as spm
+
+        self._src = spm.SentencePieceProcessor(model_proto=self.src_model)
+        self._tgt = self._src if self.joint else spm.SentencePieceProcessor(model_proto=self.tgt_model)
+        for side, sp in (("source", self._src), ("target", self._tgt)):
+            ids = (sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id())
+            if ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
+                raise CheckpointError(f"{side} sentencepiece model has special ids (pad, unk, bos, eos) = {ids}, expected (0, 1, 2, 3)")
+
+    pad_id, unk_id, bos_id, eos_id = PAD_ID, UNK_ID, BOS_ID, EOS_ID
+
+    @property
+    def src_vocab_size(self) -> int:
+        return self._src.get_piece_size()
+
+    @property
+    def tgt_vocab_size(self) -> int:
+        return self._tgt.get_piece_size()
+
+    def encode_src(self, texts: list[str]) -> list[list[int]]:
+        return self._src.encode(texts, out_type=int)
+
+    def encode_tgt(self, texts: list[str]) -> list[list[int]]:
+        return self._tgt.encode(texts, out_type=int)
+
+    def decode_tgt(self, ids: list[list[int]]) -> list[str]:
+        """Detokenised text; special ids are dropped."""
+        return self._tgt.decode([[i for i in seq if i > EOS_ID] for seq in ids])
+
+    def src_pieces(self, ids: list[int]) -> list[str]:
+        return [self._src.id_to_piece(i) for i in ids]
+
+    def tgt_pieces(self, ids: list[int]) -> list[str]:
+        return [self._tgt.id_to_piece(i) for i in ids]
+
+    def fingerprint(self) -> dict:
+        """What a checkpoint records to recognise this tokenizer."""
+        return {
+            "joint": self.joint,
+            "src_sha256": sha256_bytes(self.src_model),
+            "tgt_sha256": sha256_bytes(self.tgt_model),
+            "src_vocab_size": self.src_vocab_size,
+            "tgt_vocab_size": self.tgt_vocab_size,
+            "special_ids": [PAD_ID, UNK_ID, BOS_ID, EOS_ID],
+        }
+
+    # ----------------------------------------------------------------------------------- storage
+
+    def files(self) -> dict[str, bytes]:
+        """File name -> bytes, as stored in a tokenizer folder."""
+        if self.joint:
+            return {"spm.model": self.src_model}
+        return {"src.model": self.src_model, "tgt.model": self.tgt_model}
+
+    def meta(self, settings: dict | None = None) -> dict:
+        return {
+            "joint": self.joint,
+            "sha256": {name: sha256_bytes(data) for name, data in self.files().items()},
+            "settings": settings or {},
+        }
+
+
+def train_tokenizer(src: Sequence[str], tgt: Sequence[str], cfg: TokenizerConfig, seed: int = 1) -> Tokenizer:
+    """Train a joint model on both sides, or one model per side."""
+    if cfg.joint:
+        model = train_model(list(src) + list(tgt), cfg, seed)
+        return Tokenizer(model, model, joint=True)
+    return Tokenizer(train_model(src, cfg, seed), train_model(tgt, cfg, seed), joint=False)
+
+
+def load_model_file(path: Path, expected_sha256: str | None = None) -> bytes:
+    """The bytes of a sentencepiece model file, checked against ``expected_sha256`` when given."""
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: tokenizer model not found") from None
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot read tokenizer model: {e.strerror}") from None
+    if expected_sha256 is not None and sha256_bytes(data) != expected_sha256:
+        raise CheckpointError(f"{path}: tokenizer does not match (sha256 {sha256_bytes(data)[:12]}…, expected {expected_sha256[:12]}…)")
+    return data
+
+
+def load_tokenizer(folder: Path) -> Tokenizer:
+    """Load a tokenizer folder written by ``save`` (run folder ``tokenizer/``), verifying hashes."""
+    meta_path = Path(folder) / META_FILE
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        joint, hashes = bool(meta["joint"]), dict(meta["sha256"])
+    except FileNotFoundError:
+        raise CheckpointError(f"{meta_path}: not found (no tokenizer in {folder})") from None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{meta_path}: unreadable tokenizer metadata ({type(e).__name__})") from None
+    names = ["spm.model"] if joint else ["src.model", "tgt.model"]
+    models = []
+    for name in names:
+        if name not in hashes:
+            raise CheckpointError(f"{meta_path}: no sha256 recorded for {name}")
+        models.append(load_model_file(Path(folder) / name, hashes[name]))
+    return _from_bytes(models, joint, Path(folder))
+
+
+def load_external(src_path: Path, tgt_path: Path | None) -> Tokenizer:
+    """A user-supplied sentencepiece model (``tokenizer.src_model``); joint when ``tgt_path`` is None."""
+    src = load_model_file(src_path)
+    tgt = load_model_file(tgt_path) if tgt_path is not None else src
+    return _from_bytes([src] if tgt_path is None else [src, tgt], tgt_path is None, src_path)
+
+
+def _from_bytes(models: list[bytes], joint: bool, where: Path) -> Tokenizer:
+    try:
+        return Tokenizer(models[0], models[-1], joint=joint)
+    except RuntimeError as e:  # sentencepiece: "could not parse ModelProto"
+        raise CheckpointError(f"{where}: not a valid sentencepiece model ({str(e).splitlines()[0]})") from None
