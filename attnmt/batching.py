@@ -58,7 +58,7 @@ def collate(
     """Pad a list of examples into a ``Batch``; without targets, ``tgt_*`` are empty (B, 0) tensors."""
     n = len(src_ids)
     src_lengths = torch.tensor([len(s) + 1 for s in src_ids], dtype=torch.long)
-    src = torch.full((n, int(src_lengths.max(initial=1))), PAD_ID, dtype=torch.long)
+    src = torch.full((n, int(src_lengths.max()) if n else 1), PAD_ID, dtype=torch.long)
     for i, s in enumerate(src_ids):
         src[i, : len(s)] = torch.as_tensor(s, dtype=torch.long)
         src[i, len(s)] = EOS_ID
@@ -67,7 +67,7 @@ def collate(
         tgt_in = tgt_out = torch.zeros((n, 0), dtype=torch.long)
     else:
         tgt_lengths = torch.tensor([len(t) + 1 for t in tgt_ids], dtype=torch.long)
-        tgt_in = torch.full((n, int(tgt_lengths.max(initial=1))), PAD_ID, dtype=torch.long)
+        tgt_in = torch.full((n, int(tgt_lengths.max()) if n else 1), PAD_ID, dtype=torch.long)
         tgt_out = tgt_in.clone()
         for i, t in enumerate(tgt_ids):
             t = torch.as_tensor(t, dtype=torch.long)

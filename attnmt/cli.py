@@ -185,7 +185,49 @@ def average(ctx: typer.Context) -> None:
     _not_yet("average", 5)
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def info(ctx: typer.Context) -> None:
-    """Print a model's architecture and parameter counts. (not available yet)"""
-    _not_yet("info", 3)
+@app.command()
+def info(
+    target: Annotated[Path, typer.Argument(help="A config file, or a run folder (its config.yaml and tokenizer).", show_default=False)],
+    set_: SetOpt = None,
+) -> None:
+    """Print a model's architecture and parameter counts per part."""
+
+    def body() -> None:
+        from rich.console import Console
+        from rich.table import Table
+
+        from .models import build_model, parameter_counts
+
+        run_tokenizer = None
+        if target.is_dir():
+            from .runfiles import RunDir
+            from .tokenizer import load_tokenizer
+
+            run = RunDir(target)
+            cfg = _load(run.config, set_)
+            if run.tokenizer.exists():
+                run_tokenizer = load_tokenizer(run.tokenizer)
+        else:
+            cfg = _load(target, set_)
+        if run_tokenizer is not None:
+            src_vocab, tgt_vocab, origin = run_tokenizer.src_vocab_size, run_tokenizer.tgt_vocab_size, "the run's tokenizer"
+        else:
+            src_vocab = tgt_vocab = cfg.tokenizer.vocab_size
+            origin = "tokenizer.vocab_size"
+        try:
+            model = build_model(cfg.model, src_vocab, tgt_vocab)
+        except ValueError as e:
+            raise ConfigError(f"model: {e}") from None
+        console = Console()
+        settings = ", ".join(f"{k}={v}" for k, v in cfg.model.model_dump().items() if k != "arch")
+        console.print(f"[bold]{cfg.model.arch}[/bold] ({settings}); vocabulary {src_vocab} / {tgt_vocab} from {origin}")
+        table = Table("part", "parameters", "share")
+        counts = {k: v for k, v in parameter_counts(model).items() if v}
+        total = sum(counts.values())
+        for part, n in counts.items():
+            table.add_row(part, f"{n:,}", f"{n / total:.1%}")
+        table.add_row("[bold]total[/bold]", f"[bold]{total:,}[/bold]", "100.0%")
+        console.print(table)
+        console.print(str(model), markup=False, highlight=False)
+
+    _guard(body)

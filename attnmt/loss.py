@@ -1,0 +1,33 @@
+"""Label-smoothed cross-entropy over non-pad target tokens (Szegedy et al. 2016, sec. 7).
+
+Letters: B batch, T target length, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class LossOutput:
+    loss: torch.Tensor  # scalar: smoothed loss summed over real tokens (what is optimised)
+    nll: torch.Tensor  # scalar: plain negative log-likelihood summed over real tokens (for perplexity)
+    n_tokens: int
+
+
+def label_smoothed_nll(logits: torch.Tensor, target: torch.Tensor, pad_id: int, smoothing: float = 0.0) -> LossOutput:
+    """logits (B, T, V), target (B, T) -> sums over the non-pad positions of ``target``.
+
+    Sums, not means: the trainer divides by the token count of all accumulated batches (and ranks),
+    so that every token weighs the same however the batches were cut. The smoothing mass is spread
+    over the whole vocabulary, as ``F.cross_entropy(label_smoothing=...)`` does.
+    """
+    logits = logits.float().flatten(0, 1)  # (B*T, V): fp32 for the log-softmax even under autocast
+    target = target.flatten()  # (B*T,)
+    loss = F.cross_entropy(logits, target, ignore_index=pad_id, reduction="sum", label_smoothing=smoothing)
+    with torch.no_grad():
+        nll = loss if smoothing == 0.0 else F.cross_entropy(logits, target, ignore_index=pad_id, reduction="sum")
+    return LossOutput(loss, nll.detach(), int((target != pad_id).sum()))

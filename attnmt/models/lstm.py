@@ -1,0 +1,94 @@
+"""The attention LSTM encoder-decoder: Bahdanau et al. 2015 (additive attention over a bidirectional
+encoder) with Luong et al. 2015's input feeding.
+
+Letters: B batch, S source length, T target length, E embedding width, H encoder hidden size per
+direction, Hd = 2H decoder hidden size, L decoder layers, V vocabulary.
+
+One decoder step (t = 1 .. T):
+    h_t = LSTM([embed(y_{t-1}); a_{t-1}], state_{t-1})      input feeding: a_{t-1} is the last attentional vector
+    c_t, alpha_t = attention(h_t, memory, src_mask)           alpha_t (B, S): where the model looks
+    a_t = tanh(W_c [h_t; c_t])                                Luong et al. 2015, eq. 5
+    logits_t = W_o dropout(a_t)
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from ..attention import Attention
+from ..config import LSTMConfig
+from .protocol import ModelOutput, select
+
+
+class LSTMModel(nn.Module):
+    def __init__(self, cfg: LSTMConfig, src_vocab_size: int, tgt_vocab_size: int, pad_id: int = 0) -> None:
+        super().__init__()
+        self.cfg, self.pad_id = cfg, pad_id
+        H, Hd, E = cfg.hidden_size, 2 * cfg.hidden_size, cfg.emb_dim
+        self.out_dim = E if cfg.tie_embeddings else Hd
+        self.src_embed = nn.Embedding(src_vocab_size, E, padding_idx=pad_id)
+        self.tgt_embed = nn.Embedding(tgt_vocab_size, E, padding_idx=pad_id)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.encoder = nn.LSTM(E, H, cfg.enc_layers, batch_first=True, bidirectional=True, dropout=cfg.dropout if cfg.enc_layers > 1 else 0.0)
+        # Bridge: the encoder's final states (both directions) -> the decoder's initial h and c per layer.
+        self.bridge_h = nn.Linear(Hd, cfg.dec_layers * Hd)
+        self.bridge_c = nn.Linear(Hd, cfg.dec_layers * Hd)
+        self.decoder = nn.LSTM(E + (self.out_dim if cfg.input_feeding else 0), Hd, cfg.dec_layers, batch_first=True,
+                               dropout=cfg.dropout if cfg.dec_layers > 1 else 0.0)
+        self.attention = Attention(cfg.attention, Hd, Hd, cfg.attn_dim)
+        self.combine = nn.Linear(2 * Hd, self.out_dim, bias=False)
+        self.output = nn.Linear(self.out_dim, tgt_vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.output.weight = self.tgt_embed.weight
+
+    def encode(self, src: torch.Tensor, src_mask: torch.Tensor) -> dict:
+        """src (B, S) -> the decoding state: memory, projected keys, initial decoder state."""
+        lengths = src_mask.sum(1).clamp(min=1)  # (B,)
+        x = self.dropout(self.src_embed(src))  # (B, S, E)
+        packed = pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
+        out, (h_n, c_n) = self.encoder(packed)
+        memory, _ = pad_packed_sequence(out, batch_first=True, total_length=src.size(1))  # (B, S, Hd)
+        memory = self.dropout(memory)
+        B, L, Hd = src.size(0), self.cfg.dec_layers, 2 * self.cfg.hidden_size
+        # Last layer's forward and backward final states: (2, B, H) -> (B, Hd).
+        h_last = torch.cat([h_n[-2], h_n[-1]], dim=-1)
+        c_last = torch.cat([c_n[-2], c_n[-1]], dim=-1)
+        h0 = torch.tanh(self.bridge_h(h_last)).view(B, L, Hd)  # (B, L, Hd): batch first so select() can reorder it
+        c0 = self.bridge_c(c_last).view(B, L, Hd)
+        return {
+            "memory": memory,
+            "keys": self.attention.project_keys(memory),  # once per sentence, not once per step
+            "src_mask": src_mask,
+            "h": h0,
+            "c": c0,
+            "feed": memory.new_zeros(B, self.out_dim),
+        }
+
+    def step(self, tokens: torch.Tensor, state: dict, need_attention: bool = False):
+        """tokens (B,) -> (logits (B, V), new state, attention (B, S) or None)."""
+        x = self.dropout(self.tgt_embed(tokens))  # (B, E)
+        if self.cfg.input_feeding:
+            x = torch.cat([x, state["feed"]], dim=-1)  # (B, E + out_dim)
+        hc = (state["h"].transpose(0, 1).contiguous(), state["c"].transpose(0, 1).contiguous())  # (L, B, Hd) each
+        out, (h, c) = self.decoder(x[:, None], hc)  # out (B, 1, Hd)
+        query = out[:, 0]  # (B, Hd)
+        context, weights = self.attention(query, state["keys"], state["memory"], state["src_mask"])  # (B, Hd), (B, S)
+        feed = torch.tanh(self.combine(torch.cat([query, context], dim=-1)))  # (B, out_dim)
+        logits = self.output(self.dropout(feed))  # (B, V)
+        new_state = {**state, "h": h.transpose(0, 1), "c": c.transpose(0, 1), "feed": feed}
+        return logits, new_state, (weights if need_attention else None)
+
+    def forward(self, batch, need_attention: bool = False) -> ModelOutput:
+        """Teacher forcing: step through tgt_in, returning logits (B, T, V) and, if asked, the attention (B, T, S)."""
+        state = self.encode(batch.src, batch.src_mask)
+        logits, weights = [], []
+        for t in range(batch.tgt_in.size(1)):
+            step_logits, state, w = self.step(batch.tgt_in[:, t], state, need_attention)
+            logits.append(step_logits)
+            weights.append(w)
+        attention = {"cross": [torch.stack(weights, dim=1)[:, None]]} if need_attention else None  # [(B, 1, T, S)]
+        return ModelOutput(torch.stack(logits, dim=1), attention)
+
+    select = staticmethod(select)
