@@ -52,13 +52,14 @@ _StrictLoader.add_implicit_resolver(
 _StrictLoader.add_implicit_resolver(
     "tag:yaml.org,2002:int", re.compile(r"^(?:[-+]?(?:0|[1-9][0-9_]*)|0o[0-7]+|0x[0-9a-fA-F]+)$"), list("-+0123456789")
 )
+# Before the float resolver, which would otherwise read "010" as 10.0 (resolvers are tried in order).
+_LEADING_ZERO_TAG = "tag:attnmt,2026:leading-zero"
+_StrictLoader.add_implicit_resolver(_LEADING_ZERO_TAG, re.compile(r"^[-+]?0[0-9_]+$"), list("-+0"))
 _StrictLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
     re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9][0-9_]*(?:\.[0-9_]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
     list("-+.0123456789"),
 )
-_LEADING_ZERO_TAG = "tag:attnmt,2026:leading-zero"
-_StrictLoader.add_implicit_resolver(_LEADING_ZERO_TAG, re.compile(r"^[-+]?0[0-9_]+$"), list("-+0"))
 
 
 def _construct_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
@@ -236,13 +237,17 @@ class LSTMConfig(Section):
     arch: Literal["lstm"]
     emb_dim: PositiveInt = 256
     hidden_size: PositiveInt = 256
-    """Per direction in the encoder; the decoder's hidden size is twice this."""
+    """Per direction in the encoder."""
+    dec_hidden_size: Union[PositiveInt, None] = None
+    """The decoder's hidden size; default 2 * hidden_size (the width of the encoder's output)."""
     enc_layers: PositiveInt = 2
     dec_layers: PositiveInt = 1
     dropout: Probability = 0.3
     attention: Literal["additive", "dot", "general"] = "additive"
     attn_dim: PositiveInt = 256
     input_feeding: Bool = True
+    share_embeddings: Bool = False
+    """Share source and target embeddings (needs a joint vocabulary)."""
     tie_embeddings: Bool = False
     """Tie the decoder's input embedding and the output projection."""
 

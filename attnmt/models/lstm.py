@@ -2,7 +2,7 @@
 encoder) with Luong et al. 2015's input feeding.
 
 Letters: B batch, S source length, T target length, E embedding width, H encoder hidden size per
-direction, Hd = 2H decoder hidden size, L decoder layers, V vocabulary.
+direction (the memory is 2H wide), Hd decoder hidden size (default 2H), L decoder layers, V vocabulary.
 
 One decoder step (t = 1 .. T):
     h_t = LSTM([embed(y_{t-1}); a_{t-1}], state_{t-1})      input feeding: a_{t-1} is the last attentional vector
@@ -25,20 +25,25 @@ from .protocol import ModelOutput, select
 class LSTMModel(nn.Module):
     def __init__(self, cfg: LSTMConfig, src_vocab_size: int, tgt_vocab_size: int, pad_id: int = 0) -> None:
         super().__init__()
+        if cfg.share_embeddings and src_vocab_size != tgt_vocab_size:
+            raise ValueError(
+                f"model.share_embeddings needs one joint vocabulary, got {src_vocab_size} source and {tgt_vocab_size} target pieces"
+            )
         self.cfg, self.pad_id = cfg, pad_id
-        H, Hd, E = cfg.hidden_size, 2 * cfg.hidden_size, cfg.emb_dim
+        H, E = cfg.hidden_size, cfg.emb_dim
+        Hd = self.dec_hidden = cfg.dec_hidden_size or 2 * H
         self.out_dim = E if cfg.tie_embeddings else Hd
         self.src_embed = nn.Embedding(src_vocab_size, E, padding_idx=pad_id)
-        self.tgt_embed = nn.Embedding(tgt_vocab_size, E, padding_idx=pad_id)
+        self.tgt_embed = self.src_embed if cfg.share_embeddings else nn.Embedding(tgt_vocab_size, E, padding_idx=pad_id)
         self.dropout = nn.Dropout(cfg.dropout)
         self.encoder = nn.LSTM(E, H, cfg.enc_layers, batch_first=True, bidirectional=True, dropout=cfg.dropout if cfg.enc_layers > 1 else 0.0)
         # Bridge: the encoder's final states (both directions) -> the decoder's initial h and c per layer.
-        self.bridge_h = nn.Linear(Hd, cfg.dec_layers * Hd)
-        self.bridge_c = nn.Linear(Hd, cfg.dec_layers * Hd)
+        self.bridge_h = nn.Linear(2 * H, cfg.dec_layers * Hd)
+        self.bridge_c = nn.Linear(2 * H, cfg.dec_layers * Hd)
         self.decoder = nn.LSTM(E + (self.out_dim if cfg.input_feeding else 0), Hd, cfg.dec_layers, batch_first=True,
                                dropout=cfg.dropout if cfg.dec_layers > 1 else 0.0)
-        self.attention = Attention(cfg.attention, Hd, Hd, cfg.attn_dim)
-        self.combine = nn.Linear(2 * Hd, self.out_dim, bias=False)
+        self.attention = Attention(cfg.attention, Hd, 2 * H, cfg.attn_dim)
+        self.combine = nn.Linear(Hd + 2 * H, self.out_dim, bias=False)
         self.output = nn.Linear(self.out_dim, tgt_vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.output.weight = self.tgt_embed.weight
@@ -49,10 +54,10 @@ class LSTMModel(nn.Module):
         x = self.dropout(self.src_embed(src))  # (B, S, E)
         packed = pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
         out, (h_n, c_n) = self.encoder(packed)
-        memory, _ = pad_packed_sequence(out, batch_first=True, total_length=src.size(1))  # (B, S, Hd)
+        memory, _ = pad_packed_sequence(out, batch_first=True, total_length=src.size(1))  # (B, S, 2H)
         memory = self.dropout(memory)
-        B, L, Hd = src.size(0), self.cfg.dec_layers, 2 * self.cfg.hidden_size
-        # Last layer's forward and backward final states: (2, B, H) -> (B, Hd).
+        B, L, Hd = src.size(0), self.cfg.dec_layers, self.dec_hidden
+        # Last layer's forward and backward final states: (2, B, H) -> (B, 2H).
         h_last = torch.cat([h_n[-2], h_n[-1]], dim=-1)
         c_last = torch.cat([c_n[-2], c_n[-1]], dim=-1)
         h0 = torch.tanh(self.bridge_h(h_last)).view(B, L, Hd)  # (B, L, Hd): batch first so select() can reorder it
@@ -74,7 +79,7 @@ class LSTMModel(nn.Module):
         hc = (state["h"].transpose(0, 1).contiguous(), state["c"].transpose(0, 1).contiguous())  # (L, B, Hd) each
         out, (h, c) = self.decoder(x[:, None], hc)  # out (B, 1, Hd)
         query = out[:, 0]  # (B, Hd)
-        context, weights = self.attention(query, state["keys"], state["memory"], state["src_mask"])  # (B, Hd), (B, S)
+        context, weights = self.attention(query, state["keys"], state["memory"], state["src_mask"])  # (B, 2H), (B, S)
         feed = torch.tanh(self.combine(torch.cat([query, context], dim=-1)))  # (B, out_dim)
         logits = self.output(self.dropout(feed))  # (B, V)
         new_state = {**state, "h": h.transpose(0, 1), "c": c.transpose(0, 1), "feed": feed}
