@@ -167,11 +167,14 @@ class TokenBatchSampler:
 
     def _make_divisible(self, batches: list[list[int]]) -> list[list[int]]:
         while len(batches) % self.group:
-            # Split the batch with most examples; there is always one with >= 2 since n >= group.
             i = max(range(len(batches)), key=lambda b: (len(batches[b]), -b))
-            big = batches[i]
-            half = len(big) // 2
-            batches[i : i + 1] = [big[:half], big[half:]]
+            if len(batches[i]) >= 2:  # split the batch with most examples in two
+                big, half = batches[i], len(batches[i]) // 2
+                batches[i : i + 1] = [big[:half], big[half:]]
+            else:
+                # Every batch holds one example (each over half the budget): merge the last two instead,
+                # one batch over budget rather than an example lost. There are >= group batches, so this ends.
+                batches[-2:] = [batches[-2] + batches[-1]]
         return batches
 
     def batches(self, epoch: int) -> list[list[int]]:

@@ -8,11 +8,13 @@ stderr and the exit code of its class (``errors.py``). Anything else is a bug: o
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -30,18 +32,30 @@ app = typer.Typer(
 _state = {"debug": False}
 
 
-@app.callback()
-def main(
-    debug: Annotated[bool, typer.Option("--debug", help="Show a full traceback on errors.")] = False,
-    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
-) -> None:
-    _state["debug"] = debug
-    logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    if version:
+def _print_version(value: bool) -> None:
+    # Eager, so that it runs while parsing: `attnmt --version` has no command for the group callback to wait for.
+    if value:
         from . import __version__
 
         typer.echo(f"attnmt {__version__}")
         raise typer.Exit(0)
+
+
+@app.callback()
+def main(
+    debug: Annotated[bool, typer.Option("--debug", help="Show a full traceback on errors.")] = False,
+    version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit.")] = False,
+) -> None:
+    _state["debug"] = debug
+    # The console shows warnings (everything with --debug); a run's own log file may record more.
+    root = logging.getLogger()
+    handler = next((h for h in root.handlers if getattr(h, "attnmt_console", False)), None)
+    if handler is None:
+        handler = logging.StreamHandler()
+        handler.attnmt_console = True
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        root.addHandler(handler)
+    handler.setLevel(logging.DEBUG if debug else logging.WARNING)
 
 
 def _fail(message: str, code: int) -> None:
@@ -70,11 +84,11 @@ def _guard(body: Callable[[], None]) -> None:
 
 
 ConfigArg = Annotated[Path, typer.Argument(help="The YAML config file.", show_default=False)]
-RunDirOpt = Annotated[Optional[Path], typer.Option("--run-dir", help="The run folder (default: train.run_dir of the config).")]
-SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="Override a config key, e.g. --set train.lr=3e-4 (repeatable).")]
+RunDirOpt = Annotated[Path | None, typer.Option("--run-dir", help="The run folder (default: train.run_dir of the config).")]
+SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a config key, e.g. --set train.lr=3e-4 (repeatable).")]
 
 
-def _load(config: Path, overrides: Optional[list[str]]):
+def _load(config: Path, overrides: list[str] | None):
     from .config import load_config
 
     return load_config(config, overrides or [])
@@ -85,13 +99,13 @@ def prepare(config: ConfigArg, run_dir: RunDirOpt = None, set_: SetOpt = None) -
     """Clean the data, train or load the tokenizer, encode the corpora and print corpus statistics."""
 
     def body() -> None:
+        cfg = _load(config, set_)
         import datasets
 
         from .prepare import prepare as run_prepare
         from .runfiles import RunDir, RunLock
 
         datasets.disable_progress_bars()
-        cfg = _load(config, set_)
         run = RunDir(Path(run_dir) if run_dir is not None else cfg.train.run_dir)
         if run_dir is not None:
             cfg.train.run_dir = run.root.resolve()
@@ -149,10 +163,104 @@ def _not_yet(command: str, issue: int) -> None:
     _fail(f"`attnmt {command}` is not available in this version yet (tracked as issue {issue})", ConfigError.exit_code)
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def train(ctx: typer.Context) -> None:
-    """Train a model from a config (resumes an existing run folder). (not available yet)"""
-    _not_yet("train", 4)
+@app.command()
+def train(
+    config: ConfigArg,
+    run_dir: RunDirOpt = None,
+    set_: SetOpt = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Require a checkpoint to resume from (a run folder with one resumes anyway).")] = False,
+) -> None:
+    """Train a model from a config; a run folder that has a checkpoint resumes where it stopped."""
+
+    def body() -> None:
+        cfg = _load(config, set_)
+        import datasets
+
+        from .runfiles import RunDir, RunLock
+        from .train import Interrupted, fit
+
+        datasets.disable_progress_bars()
+        run = RunDir(Path(run_dir) if run_dir is not None else cfg.train.run_dir)
+        cfg.train.run_dir = run.root.resolve()
+        rank = int(os.environ.get("RANK", "0"))
+        reporter = _TrainReporter(enabled=rank == 0)
+        lock = RunLock(run) if rank == 0 else contextlib.nullcontext()
+        try:
+            with lock, reporter:
+                fit(cfg, run, reporter, resume=resume)
+        except Interrupted as e:
+            sys.stderr.write(f"attnmt: {e}\n")
+            raise typer.Exit(e.exit_code) from None
+
+    _guard(body)
+
+
+class _TrainReporter:
+    """Shows training events: a rich progress bar on a terminal, plain lines otherwise."""
+
+    def __init__(self, enabled: bool) -> None:
+        from rich.console import Console
+
+        self.enabled = enabled
+        self.console = Console(stderr=False)
+        self.live = enabled and self.console.is_terminal
+        self.progress = None
+        self.task = None
+
+    def __enter__(self) -> _TrainReporter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+    def __call__(self, kind: str, record: dict) -> None:
+        if not self.enabled:
+            return
+        if kind == "start":
+            self.console.print(
+                f"training on {record['device']} x {record['world_size']}: {record['parameters']:,} parameters, "
+                f"{record['steps_per_epoch']:,} steps per epoch, {record['total']:,} steps planned"
+            )
+            if self.live:
+                from rich.progress import (
+                    BarColumn,
+                    MofNCompleteColumn,
+                    Progress,
+                    TextColumn,
+                    TimeRemainingColumn,
+                )
+
+                self.progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                                         TextColumn("{task.fields[status]}"), console=self.console)
+                self.task = self.progress.add_task("train", total=record["total"], completed=record["step"], status="")
+                self.progress.start()
+        elif kind == "train":
+            status = (f"epoch {record['epoch']:.2f}  loss {record['loss']:.3f}  lr {record['lr']:.2e}  "
+                      f"{record['tokens_per_s']:,.0f} tok/s")
+            if self.progress is not None:
+                self.progress.update(self.task, completed=record["step"], status=status)
+            else:
+                self.console.print(f"step {record['step']}  {status}", highlight=False)
+        elif kind == "valid":
+            from rich.table import Table
+
+            table = Table(title=f"validation at step {record['step']}", title_justify="left")
+            for column in ("loss", "ppl", "BLEU", "chrF"):
+                table.add_column(column, justify="right")
+            table.add_row(f"{record['loss']:.3f}", f"{record['ppl']:.2f}", f"{record['bleu']:.2f}", f"{record['chrf']:.2f}")
+            self.console.print(table)
+            self.console.print(f"  {record['bleu_signature']}", highlight=False, markup=False)
+            self.console.print(f"  e.g. {record['example']}", highlight=False, markup=False)
+        elif kind == "nonfinite":
+            self.console.print(f"[yellow]step {record['step']}: non-finite loss or gradient, step skipped ({record['skips']} so far)[/yellow]")
+        elif kind == "message":
+            self.console.print(record["text"], highlight=False, markup=False)
+        elif kind == "end":
+            if self.progress is not None:
+                self.progress.update(self.task, completed=record["step"])
+            best = f"; best {record['best_score']:.2f} at step {record['best_step']}" if record.get("best_score") is not None else ""
+            self.console.print(f"finished at step {record['step']} ({record['reason']}){best}")
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

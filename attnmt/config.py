@@ -16,7 +16,7 @@ from __future__ import annotations
 import difflib
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
@@ -171,8 +171,8 @@ class HfSource(Section):
 
     format: Literal["hf"]
     name: Str
-    data_files: Union[Path, list[Path], None] = None
-    config_name: Union[Str, None] = None
+    data_files: Path | list[Path] | None = None
+    config_name: Str | None = None
     split: Str = "train"
     src_field: Str
     tgt_field: Str
@@ -195,13 +195,7 @@ def _source_tag(value: Any) -> str:
 
 
 Source = Annotated[
-    Union[
-        Annotated[TextSource, Tag("text")],
-        Annotated[TsvSource, Tag("tsv")],
-        Annotated[JsonlSource, Tag("jsonl")],
-        Annotated[HfSource, Tag("hf")],
-        Annotated[ToySource, Tag("toy")],
-    ],
+    Annotated[TextSource, Tag("text")] | Annotated[TsvSource, Tag("tsv")] | Annotated[JsonlSource, Tag("jsonl")] | Annotated[HfSource, Tag("hf")] | Annotated[ToySource, Tag("toy")],
     Discriminator(_source_tag, custom_error_type="invalid_format", custom_error_message="format must be one of text, tsv, jsonl, hf, toy"),
 ]
 
@@ -210,8 +204,8 @@ class DataConfig(Section):
     src_lang: Str = "src"
     tgt_lang: Str = "tgt"
     train: Source
-    dev: Union[Source, None] = None
-    test: Union[Source, None] = None
+    dev: Source | None = None
+    test: Source | None = None
     max_len: PositiveInt = 128
     """Pairs with more subword pieces than this on either side are dropped from training."""
     max_ratio: Annotated[float, Field(strict=True, ge=1.0, allow_inf_nan=False)] = 3.0
@@ -228,9 +222,9 @@ class TokenizerConfig(Section):
     sample_size: PositiveInt = 1_000_000
     """Train sentencepiece on at most this many sentences (sampled) per model."""
     hard_vocab_limit: Bool = True
-    src_model: Union[Path, None] = None
+    src_model: Path | None = None
     """An existing sentencepiece model to load instead of training one (joint: the only model)."""
-    tgt_model: Union[Path, None] = None
+    tgt_model: Path | None = None
 
 
 class LSTMConfig(Section):
@@ -238,7 +232,7 @@ class LSTMConfig(Section):
     emb_dim: PositiveInt = 256
     hidden_size: PositiveInt = 256
     """Per direction in the encoder."""
-    dec_hidden_size: Union[PositiveInt, None] = None
+    dec_hidden_size: PositiveInt | None = None
     """The decoder's hidden size; default 2 * hidden_size (the width of the encoder's output)."""
     enc_layers: PositiveInt = 2
     dec_layers: PositiveInt = 1
@@ -266,6 +260,10 @@ class TransformerConfig(Section):
     positions: Literal["sinusoidal", "learned"] = "sinusoidal"
     max_positions: PositiveInt = 1024
     enc_kernel: Literal["sdpa", "math", "linear", "sparse"] = "sdpa"
+    sparse_window: PositiveInt = 32
+    """enc_kernel sparse: each position sees the keys within this distance (Child et al. 2019)."""
+    sparse_stride: PositiveInt = 32
+    """enc_kernel sparse: and every key at a multiple of this distance (about sqrt(longest length))."""
     dec_kernel: Literal["sdpa", "math", "linear"] = "sdpa"
     heads: Literal["full", "split"] = "full"
     share_embeddings: Bool = True
@@ -279,12 +277,12 @@ class TransformerConfig(Section):
         return self
 
 
-ModelConfig = Annotated[Union[LSTMConfig, TransformerConfig], Field(discriminator="arch")]
+ModelConfig = Annotated[LSTMConfig | TransformerConfig, Field(discriminator="arch")]
 
 
 class TrainConfig(Section):
-    run_dir: Union[Path, None] = None
-    """Where the run lives; default ``runs/<config name>`` next to the config's folder."""
+    run_dir: Path | None = None
+    """Where the run lives; default ``runs/<config name>`` in the working folder."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     precision: Literal["fp32", "bf16", "fp16"] = "bf16"
     """Used on CUDA only; the CPU always trains in fp32."""
@@ -395,11 +393,12 @@ def config_from_dict(
         cfg = Config.model_validate(data)
     except ValidationError as e:
         raise ConfigError(_describe(e, source, lines, overrides)) from None
+    if base_dir is not None:
+        # Paths in the file are relative to the file; paths typed on the command line, to the shell.
+        _resolve_paths(cfg, base_dir.resolve(), "", {o.partition("=")[0].strip() for o in overrides})
     if cfg.train.run_dir is None:
         stem = Path(source).stem if source != "<config>" else "run"
-        cfg.train.run_dir = Path("runs") / stem
-    if base_dir is not None:
-        _resolve_paths(cfg, base_dir.resolve())
+        cfg.train.run_dir = Path.cwd() / "runs" / stem
     return cfg
 
 
@@ -426,16 +425,18 @@ def set_dotted(data: dict, key: str, value: Any, where: str) -> None:
     node[parts[-1]] = value
 
 
-def _resolve_paths(model: BaseModel, base: Path) -> None:
-    """Make every relative Path field absolute against the config's folder, in place."""
+def _resolve_paths(model: BaseModel, base: Path, prefix: str = "", from_shell: set[str] = frozenset()) -> None:
+    """Make every relative Path field absolute, in place: against the config's folder, or against the
+    working folder for keys given with ``--set`` (``from_shell``)."""
     for name in type(model).model_fields:
-        value = getattr(model, name)
+        value, key = getattr(model, name), prefix + name
+        root = Path.cwd() if key in from_shell else base
         if isinstance(value, BaseModel):
-            _resolve_paths(value, base)
+            _resolve_paths(value, base, key + ".", from_shell)
         elif isinstance(value, Path):
-            object.__setattr__(model, name, _absolute(value, base))
+            object.__setattr__(model, name, _absolute(value, root))
         elif isinstance(value, list) and value and all(isinstance(v, Path) for v in value):
-            object.__setattr__(model, name, [_absolute(v, base) for v in value])
+            object.__setattr__(model, name, [_absolute(v, root) for v in value])
 
 
 def _absolute(path: Path, base: Path) -> Path:

@@ -167,6 +167,7 @@ def _read_jsonl(source: JsonlSource, name: str) -> Corpus:
     corpus = Corpus(name)
     for line, text in enumerate(read_lines(source.path), start=1):
         if not text.strip():
+            corpus.add("", "", line)
             continue
         try:
             record = json.loads(text)

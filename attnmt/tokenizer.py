@@ -59,9 +59,15 @@ def train_model(sentences: Sequence[str], cfg: TokenizerConfig, seed: int = 1) -
         )
     except RuntimeError as e:
         message = str(e).split("\n")[0]
+        if "smaller than required_chars" in message:  # every character needs a piece of its own
+            raise DataError(
+                f"tokenizer.vocab_size {cfg.vocab_size} is too small for this corpus: "
+                f"{message[message.index('Vocabulary size'):].split('. Increase')[0]}"
+                " (raise tokenizer.vocab_size, or lower tokenizer.character_coverage)"
+            ) from None
         if "Vocabulary size" in message:
             raise DataError(
-                f"tokenizer.vocab_size {cfg.vocab_size} is too large for this corpus: {message.split(': ')[-1]}"
+                f"tokenizer.vocab_size {cfg.vocab_size} is too large for this corpus: {message[message.index('Vocabulary size'):]}"
                 " (lower tokenizer.vocab_size, or set tokenizer.hard_vocab_limit: false)"
             ) from None
         raise DataError(f"sentencepiece training failed: {message}") from None
