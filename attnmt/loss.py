@@ -25,7 +25,9 @@ def label_smoothed_nll(logits: torch.Tensor, target: torch.Tensor, pad_id: int, 
     so that every token weighs the same however the batches were cut. The smoothing mass is spread
     over the whole vocabulary, as ``F.cross_entropy(label_smoothing=...)`` does.
     """
-    logits = logits.float().flatten(0, 1)  # (B*T, V): fp32 for the log-softmax even under autocast
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()  # the log-softmax in fp32 even under autocast
+    logits = logits.flatten(0, 1)  # (B*T, V)
     target = target.flatten()  # (B*T,)
     loss = F.cross_entropy(logits, target, ignore_index=pad_id, reduction="sum", label_smoothing=smoothing)
     with torch.no_grad():

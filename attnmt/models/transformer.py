@@ -8,13 +8,13 @@ only; the decoder's self-attention is causal; cross-attention reuses the source 
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from ..attention import MultiHeadAttention
+from ..attention import Kernel, MultiHeadAttention, sparse_attention
 from ..config import TransformerConfig
 from .protocol import ModelOutput, select
 
@@ -75,11 +75,19 @@ class Sublayer(nn.Module):
         return (x if self.pre_norm else self.norm(x)), weights
 
 
+def encoder_kernel(cfg: TransformerConfig) -> str | Kernel:
+    """``cfg.enc_kernel``; ``sparse`` gets its window and stride from the config, never from the padded
+    batch width, or a sentence's encoding would depend on the other sentences in its batch."""
+    if cfg.enc_kernel != "sparse":
+        return cfg.enc_kernel
+    return functools.partial(sparse_attention, window=cfg.sparse_window, stride=cfg.sparse_stride)
+
+
 class EncoderLayer(nn.Module):
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
         pre = cfg.norm == "pre"
-        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attn_dropout, cfg.enc_kernel, cfg.heads)
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attn_dropout, encoder_kernel(cfg), cfg.heads)
         self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.dropout)
         self.sub_attn, self.sub_ffn = Sublayer(cfg.d_model, cfg.dropout, pre), Sublayer(cfg.d_model, cfg.dropout, pre)
 
