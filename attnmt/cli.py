@@ -293,9 +293,34 @@ def average(ctx: typer.Context) -> None:
     _not_yet("average", 5)
 
 
+def _model_spec(target: Path, overrides: list[str] | None):
+    """(config, source vocabulary size, target vocabulary size, where the sizes come from) of a config
+    file, a checkpoint or a run folder."""
+    from .runfiles import RunDir
+    from .tokenizer import load_tokenizer
+
+    if target.is_file() and target.suffix not in (".yaml", ".yml"):
+        from .checkpoint import load_checkpoint
+        from .config import config_from_dict
+
+        payload = load_checkpoint(target)
+        cfg = config_from_dict(payload["config"], source=f"{target} (its config)", overrides=overrides or [])
+        sizes = payload["fingerprint"]["tokenizer"]
+        return cfg, sizes["src_vocab_size"], sizes["tgt_vocab_size"], "the checkpoint's tokenizer"
+    if target.is_dir():
+        run = RunDir(target)
+        cfg = _load(run.config, overrides)
+        if run.tokenizer.exists():
+            tokenizer = load_tokenizer(run.tokenizer)
+            return cfg, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, "the run's tokenizer"
+        return cfg, cfg.tokenizer.vocab_size, cfg.tokenizer.vocab_size, "tokenizer.vocab_size"
+    cfg = _load(target, overrides)
+    return cfg, cfg.tokenizer.vocab_size, cfg.tokenizer.vocab_size, "tokenizer.vocab_size"
+
+
 @app.command()
 def info(
-    target: Annotated[Path, typer.Argument(help="A config file, or a run folder (its config.yaml and tokenizer).", show_default=False)],
+    target: Annotated[Path, typer.Argument(help="A config file, a checkpoint, or a run folder (its config.yaml and tokenizer).", show_default=False)],
     set_: SetOpt = None,
 ) -> None:
     """Print a model's architecture and parameter counts per part."""
@@ -306,22 +331,7 @@ def info(
 
         from .models import build_model, parameter_counts
 
-        run_tokenizer = None
-        if target.is_dir():
-            from .runfiles import RunDir
-            from .tokenizer import load_tokenizer
-
-            run = RunDir(target)
-            cfg = _load(run.config, set_)
-            if run.tokenizer.exists():
-                run_tokenizer = load_tokenizer(run.tokenizer)
-        else:
-            cfg = _load(target, set_)
-        if run_tokenizer is not None:
-            src_vocab, tgt_vocab, origin = run_tokenizer.src_vocab_size, run_tokenizer.tgt_vocab_size, "the run's tokenizer"
-        else:
-            src_vocab = tgt_vocab = cfg.tokenizer.vocab_size
-            origin = "tokenizer.vocab_size"
+        cfg, src_vocab, tgt_vocab, origin = _model_spec(target, set_)
         try:
             model = build_model(cfg.model, src_vocab, tgt_vocab)
         except ValueError as e:

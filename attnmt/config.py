@@ -298,6 +298,8 @@ class TrainConfig(Section):
     max_steps: Annotated[int, Field(strict=True, ge=0)] = 0
     """0 = no limit (then max_epochs decides)."""
     max_epochs: PositiveInt = 100
+    max_minutes: Annotated[float, Field(strict=True, ge=0.0, allow_inf_nan=False)] = 0.0
+    """Stop (validate, save) after this much training wall time, summed over resumes; 0 = no limit."""
     max_tokens: PositiveInt = 4096
     """Token budget of one batch: (padded) source or target tokens, whichever side is longer."""
     accum_steps: PositiveInt = 1

@@ -1,0 +1,198 @@
+"""Checkpoints: atomic saves, weights-only loads, pointer files, and a model rebuilt from a checkpoint alone.
+
+A checkpoint is a dict of tensors and plain values only, so ``torch.load(weights_only=True)`` always
+works and an untrusted file cannot run code. It carries the resolved config and the sentencepiece
+model bytes (as uint8 tensors) with their sha256, so a checkpoint file alone is enough to translate.
+
+Saving (``../shared/RELIABILITY.md``, "Atomic save protocol"): refuse non-finite weights; write a
+temporary file in the same folder, fsync, rename, fsync the folder; then the pointer ``latest.json``
+the same way; only then delete old checkpoints. Any failure leaves the previous checkpoint and pointer
+as they were.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .errors import CheckpointError, DivergedError, ResourceError
+from .runfiles import RunDir, atomic_write_text, fsync_dir
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1
+STEP_FILE = re.compile(r"^step_(\d{8})\.pt$")
+
+
+def step_file(step: int) -> str:
+    return f"step_{step:08d}.pt"
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def bytes_tensor(data: bytes) -> torch.Tensor:
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).clone()
+
+
+def tensor_bytes(tensor: torch.Tensor) -> bytes:
+    return tensor.numpy().tobytes()
+
+
+# ------------------------------------------------------------------------------------------- saving
+
+
+def _fault(name: str) -> bool:
+    """Test-only fault injection (``ATTNMT_FAULT=sigkill_after_tmp_write``)."""
+    return os.environ.get("ATTNMT_FAULT", "") == name
+
+
+def save_checkpoint(run: RunDir, payload: dict[str, Any], step: int) -> dict[str, Any]:
+    """Write ``payload`` as ``checkpoints/step_<step>.pt`` and point ``latest.json`` at it; returns the pointer."""
+    for name, tensor in payload["model"].items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise DivergedError(f"refusing to save non-finite weights ({name}) at step {step}; the last checkpoint is kept")
+    folder = run.checkpoints
+    final = folder / step_file(step)
+    tmp = folder / f".{final.name}.tmp-{os.getpid()}"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as handle:
+            torch.save(payload, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        if _fault("sigkill_after_tmp_write"):
+            os.kill(os.getpid(), 9)
+        os.replace(tmp, final)
+        fsync_dir(folder)
+        pointer = {"step": step, "file": final.name, "sha256": sha256_file(final), "format": FORMAT}
+        atomic_write_text(folder / "latest.json", json.dumps(pointer, indent=2))
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)
+        if isinstance(e, (KeyboardInterrupt, SystemExit, ResourceError)):
+            raise
+        # torch.save reports a short write as RuntimeError ("unexpected pos"), not OSError.
+        cause = "no space left on device" if "No space left" in str(e) or getattr(e, "errno", None) == 28 else str(e).splitlines()[0]
+        raise ResourceError(f"{final}: cannot write checkpoint: {cause}") from None
+    return pointer
+
+
+def prune_checkpoints(run: RunDir, keep_last: int) -> None:
+    """Delete ``step_*.pt`` files beyond the newest ``keep_last``, never one that best.json names."""
+    folder = run.checkpoints.resolve()
+    protected = {entry["file"] for entry in read_pointer(run, "best").get("checkpoints", [])}
+    latest = read_pointer(run, "latest").get("file")
+    if latest:
+        protected.add(latest)
+    steps = sorted((p for p in folder.iterdir() if STEP_FILE.match(p.name) and not p.is_symlink()), key=lambda p: p.name)
+    for path in steps[:-keep_last] if keep_last else steps:
+        if path.name not in protected and path.resolve().is_relative_to(folder):
+            path.unlink(missing_ok=True)
+
+
+def remove_stale_tmp(run: RunDir) -> None:
+    """Temporary files a crash left behind are never loaded; remove them."""
+    if run.checkpoints.is_dir():
+        for path in run.checkpoints.glob(".step_*.pt.tmp-*"):
+            path.unlink(missing_ok=True)
+
+
+def read_pointer(run: RunDir, name: str) -> dict[str, Any]:
+    """``latest.json`` or ``best.json`` as a dict; {} when missing or unreadable."""
+    try:
+        data = json.loads((run.checkpoints / f"{name}.json").read_text(encoding="utf-8"))
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def write_pointer(run: RunDir, name: str, data: dict[str, Any]) -> None:
+    atomic_write_text(run.checkpoints / f"{name}.json", json.dumps(data, indent=2))
+
+
+# ------------------------------------------------------------------------------------------ loading
+
+
+def load_checkpoint(path: Path, expected_sha256: str | None = None) -> dict[str, Any]:
+    """Load a checkpoint with ``weights_only=True``; any problem is a CheckpointError naming the file."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"{path}: checkpoint not found")
+    if path.is_dir():
+        raise CheckpointError(f"{path}: is a folder; expected a checkpoint file")
+    if expected_sha256 is not None and sha256_file(path) != expected_sha256:
+        raise CheckpointError(f"corrupt checkpoint {path}: sha256 does not match latest.json")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # zip errors, EOFError, UnpicklingError for a pickled payload, ...
+        cause = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if "weights_only" in cause or "Unsupported global" in cause or "Weights only load failed" in cause:
+            cause = "it holds pickled objects, which attnmt never loads"
+        raise CheckpointError(f"corrupt or unsafe checkpoint {path}: {cause[:200]}") from None
+    if not isinstance(payload, dict) or "format" not in payload or "model" not in payload:
+        raise CheckpointError(f"{path}: not an attnmt checkpoint")
+    if not isinstance(payload["format"], int) or payload["format"] > FORMAT:
+        raise CheckpointError(f"{path}: written by checkpoint format {payload['format']}; this attnmt reads <= {FORMAT}")
+    return payload
+
+
+def latest_checkpoint(run: RunDir) -> tuple[Path, dict[str, Any]] | None:
+    """The newest loadable checkpoint of a run: the one latest.json names, else the newest valid step file."""
+    pointer = read_pointer(run, "latest")
+    if pointer.get("file") and STEP_FILE.match(str(pointer["file"])):
+        path = run.checkpoints / pointer["file"]
+        try:
+            return path, load_checkpoint(path, pointer.get("sha256"))
+        except CheckpointError as e:
+            log.warning("%s; falling back to the newest valid checkpoint", e)
+    if not run.checkpoints.is_dir():
+        return None
+    for path in sorted((p for p in run.checkpoints.iterdir() if STEP_FILE.match(p.name)), reverse=True):
+        try:
+            payload = load_checkpoint(path)
+        except CheckpointError as e:
+            log.warning("skipping %s", e)
+            continue
+        write_pointer(run, "latest", {"step": int(payload["progress"]["step"]), "file": path.name, "sha256": sha256_file(path), "format": FORMAT})
+        return path, payload
+    return None
+
+
+def resolve_model_path(model: Path) -> Path:
+    """MODEL on the command line: a checkpoint file, or a run folder (its best checkpoint, else its latest)."""
+    model = Path(model)
+    if model.is_file():
+        return model
+    if not model.exists():
+        raise CheckpointError(f"{model}: no such checkpoint or run folder")
+    run = RunDir(model)
+    for name in ("best", "latest"):
+        pointer = read_pointer(run, name)
+        if pointer.get("file") and (run.checkpoints / pointer["file"]).is_file():
+            return run.checkpoints / pointer["file"]
+    found = latest_checkpoint(run)
+    if found is None:
+        raise CheckpointError(f"{model}: run folder has no checkpoint yet")
+    return found[0]
+
+
+def diff_dicts(old: Any, new: Any, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ, as ``key: old -> new``."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = []
+        for key in list(old) + [k for k in new if k not in old]:
+            out += diff_dicts(old.get(key), new.get(key), f"{prefix}{key}.")
+        return out
+    return [] if old == new else [f"{prefix[:-1]}: {old!r} -> {new!r}"]
