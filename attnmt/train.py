@@ -250,6 +250,7 @@ class Trainer:
             num_replicas=self.dist.world_size, rank=self.dist.rank, multiple_of=self.tc.accum_steps,
         )
         self.steps_per_epoch = len(self.sampler) // self.tc.accum_steps
+        torch.manual_seed(self.tc.seed)  # the initial weights follow from train.seed too, not from chance
         self.model = build_model(cfg.model, self.tokenizer.src_vocab_size, self.tokenizer.tgt_vocab_size, PAD_ID).to(self.device)
         decay = [p for p in self.model.parameters() if p.dim() >= 2]
         no_decay = [p for p in self.model.parameters() if p.dim() < 2]
@@ -269,12 +270,21 @@ class Trainer:
             self._restore(*found)
         elif resume:
             raise CheckpointError(f"{run.root}: --resume given, but the run folder has no checkpoint")
+        elif self.dist.main:
+            self._truncate_metrics(0)  # records of a run killed before its first checkpoint
         self.ddp_model = self.model
         if self.dist.active:
             self.ddp_model = torch.nn.parallel.DistributedDataParallel(
                 self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None
             )
         self.forward = torch.compile(self.ddp_model) if self.tc.compile else self.ddp_model
+        self.tensorboard = None
+        if self.tc.tensorboard and self.dist.main:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                raise ConfigError("train.tensorboard: needs the tensorboard package (pip install tensorboard)") from None
+            self.tensorboard = SummaryWriter(str(run.root / "tensorboard"))
 
     def _check_prepared(self) -> None:
         """The run folder's data must come from the same data and tokenizer settings as this config."""
@@ -347,6 +357,7 @@ class Trainer:
         return self._seconds_before + time.perf_counter() - self._session_start
 
     _session_start = _seconds_before = 0.0
+    tensorboard = None
 
     def record(self, kind: str, values: dict) -> None:
         """Append one record to metrics.jsonl (rank 0) and show it."""
@@ -355,6 +366,11 @@ class Trainer:
         line = {"event": kind, **values, "elapsed_s": round(self.elapsed(), 2)}
         with open(self.run.metrics, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(line, ensure_ascii=False) + "\n")
+        if self.tensorboard is not None:
+            for key, value in values.items():
+                if isinstance(value, (int, float)) and key != "step":
+                    self.tensorboard.add_scalar(f"{kind}/{key}", value, values.get("step", 0))
+            self.tensorboard.flush()
         log.info("%s", json.dumps(line, ensure_ascii=False))
         self.report(kind, line)
 
@@ -497,7 +513,7 @@ class Trainer:
             payload = {
                 "format": FORMAT,
                 "attnmt_version": __version__,
-                "torch_version": torch.__version__,
+                "torch_version": str(torch.__version__),  # str(): a TorchVersion is not weights_only-loadable
                 "model": self.model.state_dict(),
                 "optimizer": self.optimizer.state_dict(),
                 "schedule": self.schedule.state_dict(),
