@@ -266,11 +266,12 @@ def test_the_limit_wins_over_min_len():
 
 
 def test_fewer_hypotheses_only_when_fewer_exist():
-    """One piece, and it must be there: the V - 1 non-EOS pieces are all the hypotheses there are."""
+    """One piece, and it must be there: the V - 3 pieces other than EOS, PAD and BOS (never output)
+    are all the hypotheses there are."""
     model = make_model("lstm")
     batch = collate([[4, 5]])
     (hyps,) = beam_search(model, batch.src, batch.src_mask, beam_size=V, nbest=V, max_len_a=0, max_len_b=1, min_len=1)
-    assert sorted(h.tokens[0] for h in hyps) == [v for v in range(V) if v != EOS_ID]
+    assert sorted(h.tokens[0] for h in hyps) == [v for v in range(V) if v not in (EOS_ID, PAD_ID, BOS_ID)]
 
 
 def test_attention_rows():
