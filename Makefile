@@ -17,7 +17,10 @@ $(BIN)/.installed: pyproject.toml
 	touch $@
 
 demo: $(BIN)/.installed
-	$(BIN)/attnmt prepare configs/toy_transformer.yaml --run-dir $(RUN)
+	$(BIN)/attnmt train configs/toy_transformer.yaml --run-dir $(RUN)
+	$(BIN)/attnmt translate $(RUN) "tuesday , march 14th , 2019 at 7:05 pm" "friday the 1st of may 2001" "november 19th 1982"
+	$(BIN)/attnmt toy-data $(RUN)/toy --train-size 1 --dev-size 1 --test-size 300
+	$(BIN)/attnmt eval $(RUN) --src $(RUN)/toy/test.en --ref $(RUN)/toy/test.de
 
 test: $(BIN)/.installed
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 MPLBACKEND=Agg $(BIN)/python -m pytest

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.torch_version import TorchVersion
 
 from .errors import CheckpointError, DivergedError, ResourceError
 from .runfiles import RunDir, atomic_write_text, fsync_dir
@@ -135,7 +136,9 @@ def load_checkpoint(path: Path, expected_sha256: str | None = None) -> dict[str,
     if expected_sha256 is not None and sha256_file(path) != expected_sha256:
         raise CheckpointError(f"corrupt checkpoint {path}: sha256 does not match latest.json")
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
+        # Older checkpoints stored torch_version as a TorchVersion, a harmless str subclass; still read them.
+        with torch.serialization.safe_globals([TorchVersion]):
+            payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # zip errors, EOFError, UnpicklingError for a pickled payload, ...
         cause = str(e).splitlines()[0] if str(e) else type(e).__name__
         if "weights_only" in cause or "Unsupported global" in cause or "Weights only load failed" in cause:
@@ -151,22 +154,30 @@ def load_checkpoint(path: Path, expected_sha256: str | None = None) -> dict[str,
 def latest_checkpoint(run: RunDir) -> tuple[Path, dict[str, Any]] | None:
     """The newest loadable checkpoint of a run: the one latest.json names, else the newest valid step file."""
     pointer = read_pointer(run, "latest")
+    failures: list[str] = []
     if pointer.get("file") and STEP_FILE.match(str(pointer["file"])):
         path = run.checkpoints / pointer["file"]
         try:
             return path, load_checkpoint(path, pointer.get("sha256"))
         except CheckpointError as e:
             log.warning("%s; falling back to the newest valid checkpoint", e)
+            failures.append(str(e))
     if not run.checkpoints.is_dir():
         return None
     for path in sorted((p for p in run.checkpoints.iterdir() if STEP_FILE.match(p.name)), reverse=True):
+        if path.name == pointer.get("file") and failures:
+            continue  # it just failed its check against latest.json
         try:
             payload = load_checkpoint(path)
         except CheckpointError as e:
             log.warning("skipping %s", e)
+            failures.append(str(e))
             continue
         write_pointer(run, "latest", {"step": int(payload["progress"]["step"]), "file": path.name, "sha256": sha256_file(path), "format": FORMAT})
         return path, payload
+    if failures:
+        # Starting over would overwrite and prune these files; a person decides.
+        raise CheckpointError(f"{run.checkpoints}: no loadable checkpoint ({failures[0]}); move the folder away to start over")
     return None
 
 
@@ -196,3 +207,47 @@ def diff_dicts(old: Any, new: Any, prefix: str = "") -> list[str]:
             out += diff_dicts(old.get(key), new.get(key), f"{prefix}{key}.")
         return out
     return [] if old == new else [f"{prefix[:-1]}: {old!r} -> {new!r}"]
+
+
+# --------------------------------------------------------------------------------- for inference
+
+
+def load_model(model_path: Path, device: str | torch.device = "cpu"):
+    """A trained model from MODEL (a checkpoint file or a run folder) with nothing else: returns
+    (model in eval mode, tokenizer, config, checkpoint path). The tokenizer comes from the checkpoint's
+    own bytes, checked against the sha256 it recorded."""
+    from .config import config_from_dict
+    from .errors import ConfigError
+    from .models import build_model
+    from .tokenizer import Tokenizer, sha256_bytes
+
+    path = resolve_model_path(model_path)
+    payload = load_checkpoint(path)
+    try:
+        cfg = config_from_dict(payload["config"], source=f"{path} (its config)")
+    except ConfigError as e:
+        raise CheckpointError(f"{path}: its stored config is not valid for this attnmt: {e}") from None
+    try:
+        expected = payload["fingerprint"]["tokenizer"]
+        files = {name: tensor_bytes(t) for name, t in payload["tokenizer"].items()}
+        joint = bool(expected["joint"])
+        src_model = files["spm.model" if joint else "src.model"]
+        tgt_model = files["spm.model" if joint else "tgt.model"]
+    except (KeyError, TypeError, AttributeError) as e:
+        raise CheckpointError(f"{path}: checkpoint has no usable tokenizer ({type(e).__name__}: {e})") from None
+    if sha256_bytes(src_model) != expected["src_sha256"] or sha256_bytes(tgt_model) != expected["tgt_sha256"]:
+        raise CheckpointError(f"{path}: tokenizer does not match checkpoint (expected sha256 {expected['src_sha256'][:12]}…)")
+    try:
+        tokenizer = Tokenizer(src_model, tgt_model, joint=joint)
+    except RuntimeError as e:
+        raise CheckpointError(f"{path}: its tokenizer is not a valid sentencepiece model ({str(e).splitlines()[0]})") from None
+    model = build_model(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
+    state = payload["model"]
+    for name, tensor in state.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise CheckpointError(f"{path}: parameter {name} holds non-finite values")
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as e:
+        raise CheckpointError(f"{path}: weights do not fit the model its config describes: {str(e).splitlines()[0][:300]}") from None
+    return model.to(device).eval(), tokenizer, cfg, path

@@ -12,7 +12,7 @@ import contextlib
 import logging
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -263,16 +263,189 @@ class _TrainReporter:
             self.console.print(f"finished at step {record['step']} ({record['reason']}){best}")
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def translate(ctx: typer.Context) -> None:
-    """Translate sentences, a file or stdin with a trained model. (not available yet)"""
-    _not_yet("translate", 5)
+ModelArg = Annotated[Path, typer.Argument(help="A checkpoint file, or a run folder (its best checkpoint, else its latest).", show_default=False)]
+BeamOpt = Annotated[int | None, typer.Option("--beam-size", min=1, help="Beam size; 1 = greedy (default: the model's decode.beam_size).")]
+NbestOpt = Annotated[int, typer.Option("--nbest", min=1, help="Write this many hypotheses per line (TSV: index, score, text).")]
+MaxTokensOpt = Annotated[int | None, typer.Option("--max-tokens", min=1, help="Batch budget: padded source pieces x beam.")]
+DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")]
+LengthPenaltyOpt = Annotated[float | None, typer.Option("--length-penalty", min=0.0, help="GNMT alpha (default: decode.length_penalty).")]
+CHUNK_LINES = 1000
 
 
-@app.command("eval", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def eval_(ctx: typer.Context) -> None:
-    """Score translations with sacrebleu (BLEU, chrF, TER). (not available yet)"""
-    _not_yet("eval", 5)
+def _translator(model_path: Path, beam_size, nbest, max_tokens, device, length_penalty):
+    """Load MODEL and build a Translator; decode settings default to the model's ``decode`` section."""
+    import torch
+
+    from .checkpoint import load_model
+    from .decode import Translator
+
+    if device not in ("auto", "cpu", "cuda"):
+        raise ConfigError(f"--device: {device!r} is not one of auto, cpu, cuda")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device: CUDA is not available on this machine; use --device cpu")
+    dev = torch.device("cuda" if device in ("auto", "cuda") and torch.cuda.is_available() else "cpu")
+    model, tokenizer, cfg, path = load_model(model_path, dev)
+    d = cfg.decode
+    beam = beam_size if beam_size is not None else max(d.beam_size, nbest)
+    if nbest > beam:
+        raise ConfigError(f"--nbest {nbest} must not exceed the beam size {beam}")
+    if beam > tokenizer.tgt_vocab_size:
+        raise ConfigError(f"--beam-size {beam} exceeds the target vocabulary ({tokenizer.tgt_vocab_size} pieces)")
+    translator = Translator(model, tokenizer, beam, nbest, d.length_penalty if length_penalty is None else length_penalty,
+                            d.max_len_a, d.max_len_b, d.min_len, d.max_src_len, max_tokens or d.max_tokens, dev)
+    return translator, cfg, path
+
+
+def _input_lines(path: Path | None) -> Iterator[str]:
+    """Lines of a file (plain or gzipped) or of stdin (``-``), read lazily, split on \\n only."""
+    from .data import read_lines
+    from .errors import DataError
+
+    if path is not None and str(path) != "-":
+        yield from read_lines(path)
+        return
+    if sys.stdin.isatty():
+        sys.stderr.write("attnmt: reading sentences from the terminal, one per line; Ctrl-D to end\n")
+    for number, raw in enumerate(sys.stdin.buffer, start=1):
+        try:
+            yield raw.decode("utf-8").rstrip("\n")
+        except UnicodeDecodeError as e:
+            raise DataError(f"<stdin>:{number}: invalid UTF-8 at byte offset {e.start}") from None
+
+
+def _chunks(lines: Iterator[str], size: int) -> Iterator[list[str]]:
+    chunk: list[str] = []
+    for line in lines:
+        chunk.append(line)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+@app.command()
+def translate(
+    model: ModelArg,
+    sentences: Annotated[list[str] | None, typer.Argument(help="Sentences to translate (else --input).", show_default=False)] = None,
+    input_: Annotated[Path | None, typer.Option("--input", "-i", help="A file to translate, or - for stdin (read lazily).")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write here (atomically) instead of stdout.")] = None,
+    beam_size: BeamOpt = None,
+    nbest: NbestOpt = 1,
+    max_tokens: MaxTokensOpt = None,
+    length_penalty: LengthPenaltyOpt = None,
+    device: DeviceOpt = "auto",
+) -> None:
+    """Translate sentences, a file or stdin; one output line per input line, in input order."""
+
+    def body() -> None:
+        from .runfiles import atomic_write_text
+
+        if sentences and input_ is not None:
+            raise ConfigError("give sentences as arguments or --input, not both")
+        if output is not None and input_ is not None and str(input_) != "-" and output.resolve() == input_.resolve():
+            raise ConfigError(f"--output {output} is the input file; refusing to overwrite the input")
+        translator, _, _ = _translator(model, beam_size, nbest, max_tokens, device, length_penalty)
+        lines = iter(sentences) if sentences else _input_lines(input_)
+        written: list[str] = []
+        truncated = 0
+        index = 0
+        for chunk in _chunks(lines, CHUNK_LINES):
+            results = translator.translate(chunk)
+            text = []
+            for result in results:
+                truncated += result.truncated
+                if nbest == 1:
+                    text.append(result.outputs[0][0] + "\n")
+                else:
+                    text.extend(f"{index}\t{score:.4f}\t{out}\n" for out, score in result.outputs)
+                index += 1
+            if output is None:
+                sys.stdout.write("".join(text))
+                sys.stdout.flush()  # per chunk, so that a pipe sees results as they come
+            else:
+                written.extend(text)
+        if output is not None:
+            atomic_write_text(output, "".join(written))
+        if truncated:
+            sys.stderr.write(f"warning: {truncated} line(s) longer than decode.max_src_len pieces were truncated\n")
+
+    try:
+        _guard(body)
+    except BrokenPipeError:
+        # The reader went away (e.g. `| head -1`): stop quietly, and keep Python from complaining at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise typer.Exit(0) from None
+
+
+@app.command("eval")
+def eval_(
+    model: Annotated[Path | None, typer.Argument(help="A checkpoint or run folder; omit with --hyp.", show_default=False)] = None,
+    src: Annotated[Path | None, typer.Option("--src", help="Source file to translate and score.")] = None,
+    hyp: Annotated[Path | None, typer.Option("--hyp", help="Existing translations to score (instead of MODEL --src).")] = None,
+    ref: Annotated[list[Path] | None, typer.Option("--ref", help="Reference file (repeat for several references).")] = None,
+    metrics: Annotated[str, typer.Option("--metrics", help="Comma-separated: bleu, chrf, ter.")] = "bleu,chrf,ter",
+    lowercase: Annotated[bool, typer.Option("--lowercase", "-lc", help="Case-insensitive scores.")] = False,
+    tokenize: Annotated[str | None, typer.Option("--tokenize", help="BLEU tokenizer (13a, zh, intl, char, none, ...); default from the target language.")] = None,
+    tgt_lang: Annotated[str | None, typer.Option("--tgt-lang", help="Target language code (picks BLEU's tokenizer, e.g. zh).")] = None,
+    json_: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    hyp_out: Annotated[Path | None, typer.Option("--hyp-out", help="Also write the translations here.")] = None,
+    beam_size: BeamOpt = None,
+    max_tokens: MaxTokensOpt = None,
+    length_penalty: LengthPenaltyOpt = None,
+    device: DeviceOpt = "auto",
+) -> None:
+    """Score translations with sacrebleu: translate --src with MODEL, or score --hyp; against --ref."""
+
+    def body() -> None:
+        import json
+
+        from .data import read_lines
+        from .errors import DataError
+        from .metrics import METRICS, corpus_scores
+        from .runfiles import atomic_write_text
+
+        names = [m.strip().lower() for m in metrics.split(",") if m.strip()]
+        unknown = [m for m in names if m not in METRICS]
+        if unknown or not names:
+            raise ConfigError(f"--metrics: {', '.join(unknown) or '(none)'} not among {', '.join(METRICS)}")
+        if not ref:
+            raise ConfigError("--ref is required")
+        if (hyp is None) == (model is None or src is None):
+            raise ConfigError("give either MODEL --src FILE, or --hyp FILE")
+        references = [list(read_lines(r)) for r in ref]
+        lang = tgt_lang
+        if hyp is not None:
+            hypotheses = list(read_lines(hyp))
+            hyp_name = str(hyp)
+        else:
+            translator, cfg, _ = _translator(model, beam_size, 1, max_tokens, device, length_penalty)
+            sources = list(read_lines(src))
+            hypotheses = [t.outputs[0][0] for t in translator.translate(sources)]
+            hyp_name, lang = f"translations of {src}", lang or cfg.data.tgt_lang
+            if hyp_out is not None:
+                atomic_write_text(hyp_out, "".join(h + "\n" for h in hypotheses))
+        for r, lines in zip(ref, references):
+            if not lines:
+                raise DataError(f"{r}: the reference file is empty")
+            if len(lines) != len(hypotheses):
+                raise DataError(f"{hyp_name} has {len(hypotheses)} lines, {r} has {len(lines)}")
+        if not hypotheses:
+            raise DataError(f"{hyp_name}: no lines to score")
+        scores = corpus_scores(hypotheses, references, names, tgt_lang=lang, tokenize=tokenize, lowercase=lowercase)
+        if json_:
+            typer.echo(json.dumps([{"metric": s.name, "score": round(s.score, 4), "signature": s.signature, "text": s.text}
+                                   for s in scores.values()], ensure_ascii=False))
+            return
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table("metric", "score", "signature")
+        for s in scores.values():
+            table.add_row(s.name.upper() if s.name != "chrf" else "chrF", f"{s.score:.2f}", s.signature)
+        Console().print(table)
+
+    _guard(body)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

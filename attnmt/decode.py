@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .batching import collate
+from .data import clean
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 
@@ -243,3 +245,68 @@ def beam_search(
             attn_history = torch.cat([attn_history[index], attn[index][:, None]], dim=1)  # (N', t + 1, S)
         t += 1
     return [[f.hyp for f in sorted(finished[i], key=lambda f: (-f.normalized, f.order))[:nbest]] for i in range(B)]
+
+
+# ----------------------------------------------------------------------------------- translating
+
+
+@dataclass
+class Translation:
+    """The n-best outputs of one input line: (detokenised text, score), best first."""
+
+    outputs: list[tuple[str, float]]
+    truncated: bool = False  # the source was longer than max_src_len pieces and was cut
+
+
+class Translator:
+    """Text in, text out: clean, encode, sort by length, batch under a token budget, search, decode.
+
+    ``beam_size`` 1 means greedy search. Batches hold at most ``max_tokens`` source pieces x beam rows
+    (padded), so memory stays bounded whatever the input. An empty line translates to an empty line.
+    """
+
+    def __init__(self, model, tokenizer, beam_size: int = 5, nbest: int = 1, length_penalty: float = 0.6,
+                 max_len_a: float = 1.5, max_len_b: int = 10, min_len: int = 0, max_src_len: int = 256,
+                 max_tokens: int = 8000, device: torch.device | str = "cpu") -> None:
+        _check_beam_args(beam_size, nbest, length_penalty, min_len)
+        self.model, self.tokenizer, self.device = model, tokenizer, torch.device(device)
+        self.beam_size, self.nbest, self.length_penalty = beam_size, nbest, length_penalty
+        self.max_len_a, self.max_len_b, self.min_len = max_len_a, max_len_b, min_len
+        self.max_src_len, self.max_tokens = max_src_len, max_tokens
+
+    def search(self, src_ids: list[list[int]], need_attention: bool = False) -> list[list[Hypothesis]]:
+        """Hypotheses for already encoded sources (in their order), batched by length."""
+        order = sorted(range(len(src_ids)), key=lambda i: len(src_ids[i]))
+        results: list[list[Hypothesis]] = [[] for _ in src_ids]
+        start = 0
+        while start < len(order):
+            end, longest = start, 0
+            while end < len(order):
+                longest = max(longest, len(src_ids[order[end]]) + 1)
+                if end > start and longest * (end - start + 1) * self.beam_size > self.max_tokens:
+                    break
+                end += 1
+            chunk = order[start:end]
+            batch = collate([src_ids[i] for i in chunk]).to(self.device)
+            if self.beam_size == 1 and self.nbest == 1:
+                found = [[h] for h in greedy_search(self.model, batch.src, batch.src_mask, self.max_len_a,
+                                                    self.max_len_b, self.min_len, need_attention)]
+            else:
+                found = beam_search(self.model, batch.src, batch.src_mask, self.beam_size, self.nbest, self.length_penalty,
+                                    self.max_len_a, self.max_len_b, self.min_len, need_attention)
+            for i, hyps in zip(chunk, found):
+                results[i] = hyps
+            start = end
+        return results
+
+    def translate(self, lines: list[str]) -> list[Translation]:
+        texts = [clean(line) for line in lines]
+        todo = [i for i, text in enumerate(texts) if text]
+        encoded = self.tokenizer.encode_src([texts[i] for i in todo])
+        truncated = {i for i, ids in zip(todo, encoded) if len(ids) > self.max_src_len}
+        encoded = [ids[: self.max_src_len] for ids in encoded]
+        out = [Translation([("", 0.0)]) for _ in texts]
+        for i, hyps in zip(todo, self.search(encoded)):
+            decoded = self.tokenizer.decode_tgt([h.tokens for h in hyps])
+            out[i] = Translation([(text, h.score) for text, h in zip(decoded, hyps)], i in truncated)
+        return out
