@@ -73,6 +73,7 @@ class Dist:
     world_size: int = 1
     rank: int = 0
     local_rank: int = 0
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))  # where collectives' tensors live
 
     @property
     def main(self) -> bool:
@@ -89,7 +90,7 @@ class Dist:
     def all_sum(self, values: list[float]) -> list[float]:
         if not self.active:
             return values
-        tensor = torch.tensor(values, dtype=torch.float64)
+        tensor = torch.tensor(values, dtype=torch.float64, device=self.device)  # nccl needs CUDA tensors
         torch_dist.all_reduce(tensor)
         return tensor.tolist()
 
@@ -100,9 +101,8 @@ def setup_distributed(device: torch.device) -> Dist:
     if world <= 1:
         return Dist()
     if not torch_dist.is_initialized():
-        # gloo for the collectives of our own (float64 sums) even on GPU; DDP itself rides the default group.
         torch_dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    return Dist(world, torch_dist.get_rank(), int(os.environ.get("LOCAL_RANK", "0")))
+    return Dist(world, torch_dist.get_rank(), int(os.environ.get("LOCAL_RANK", "0")), device)
 
 
 def choose_device(name: str) -> torch.device:
@@ -178,7 +178,9 @@ class Progress:
     best_score: float | None = None
     best_step: int | None = None
     evals_without_improvement: int = 0
-    finished: bool = False
+    finished: bool = False  # the loop ended (informational: a larger max_steps/epochs/minutes continues it)
+    early_stopped: bool = False  # patience ran out: the run is over for good
+    log_sums: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])  # loss, nll, tgt and all tokens since the last log
     train_seconds: float = 0.0  # wall time spent in the loop, over all resumes
     best: list[dict] = field(default_factory=list)  # [{"step", "file", "sha256", "score"}], best first
 
@@ -234,6 +236,8 @@ class Trainer:
 
     def setup(self, resume: bool) -> None:
         cfg, run = self.cfg, self.run
+        if resume and not any(run.checkpoints.glob("step_*.pt")):
+            raise CheckpointError(f"{run.root}: --resume given, but the run folder has no checkpoint")
         if self.dist.main:
             remove_stale_tmp(run)
             if not run.split("train").exists() or not run.tokenizer.exists():
@@ -534,14 +538,15 @@ class Trainer:
 
     def fit(self) -> dict:
         tc, p = self.tc, self.progress
-        if p.finished or (tc.max_steps and p.step >= tc.max_steps) or p.epoch >= tc.max_epochs:
+        time_spent = tc.max_minutes and p.train_seconds >= 60 * tc.max_minutes
+        if p.early_stopped or (tc.max_steps and p.step >= tc.max_steps) or p.epoch >= tc.max_epochs or time_spent:
             self.report("message", {"text": f"nothing to do: the run already finished at step {p.step}"})
             return {"step": p.step, "nothing_to_do": True}
         self._last_saved = p.step if p.step else -1
         self.report("start", {"step": p.step, "total": self.total_steps, "steps_per_epoch": self.steps_per_epoch,
                               "world_size": self.dist.world_size, "device": str(self.device),
                               "parameters": sum(x.numel() for x in self.model.parameters())})
-        window = {"loss": 0.0, "nll": 0.0, "tgt_tokens": 0.0, "tokens": 0.0, "time": time.perf_counter()}
+        window_start = time.perf_counter()
         self._session_start, self._seconds_before = time.perf_counter(), p.train_seconds
         self.ddp_model.train()
         stop_reason = None
@@ -555,17 +560,18 @@ class Trainer:
                 if epoch_done:
                     p.epoch, p.batch_in_epoch = p.epoch + 1, 0
                 if not result["skipped"]:
-                    for key in ("loss", "nll", "tgt_tokens", "tokens"):
-                        window[key] += result[key]
+                    # In the checkpointed progress, so that the first record after a resume is exact too.
+                    for i, key in enumerate(("loss", "nll", "tgt_tokens", "tokens")):
+                        p.log_sums[i] += result[key]
                 if self.fault == f"sigkill_at_step:{p.step}":
                     os.kill(os.getpid(), signal.SIGKILL)
-                if p.step % tc.log_every == 0 and window["tgt_tokens"]:
-                    elapsed = time.perf_counter() - window["time"]
+                if p.step % tc.log_every == 0 and p.log_sums[2]:
+                    loss, nll, tgt_tokens, tokens = p.log_sums
+                    elapsed = time.perf_counter() - window_start
                     self.record("train", {"step": p.step, "epoch": p.epoch + (p.batch_in_epoch / max(len(batches), 1)),
-                                          "loss": window["loss"] / window["tgt_tokens"], "nll": window["nll"] / window["tgt_tokens"],
-                                          "lr": self.schedule.lr(p.step), "tokens_per_s": window["tokens"] / max(elapsed, 1e-9),
-                                          "grad_norm": result.get("grad_norm")})
-                    window = {"loss": 0.0, "nll": 0.0, "tgt_tokens": 0.0, "tokens": 0.0, "time": time.perf_counter()}
+                                          "loss": loss / tgt_tokens, "nll": nll / tgt_tokens, "lr": self.schedule.lr(p.step),
+                                          "tokens_per_s": tokens / max(elapsed, 1e-9), "grad_norm": result.get("grad_norm")})
+                    p.log_sums, window_start = [0.0, 0.0, 0.0, 0.0], time.perf_counter()
                 p.train_seconds = self.elapsed()
                 if result["time_up"]:
                     stop_reason = "max_minutes"
@@ -582,7 +588,7 @@ class Trainer:
             raise Interrupted(self.stop_signal or signal.SIGTERM, p.step)
         if self.dev_data is not None and self._last_eval != p.step and self.validation_round():
             stop_reason = "early stopping"
-        p.finished = True
+        p.finished, p.early_stopped = True, stop_reason == "early stopping"
         self.save()
         self.report("end", {"step": p.step, "reason": stop_reason, "best_score": p.best_score, "best_step": p.best_step})
         return {"step": p.step, "reason": stop_reason, "best_score": p.best_score, "best_step": p.best_step}

@@ -329,6 +329,26 @@ def test_finished_run_has_nothing_to_do(tiny, tmp_path):
     assert after == before
 
 
+def test_raising_max_steps_continues_a_finished_run(tiny, tmp_path):
+    run = private_copy(tiny.reference(), tmp_path / "run")
+    result = invoke_train(tiny.config["transformer"], run, "train.max_steps=33")
+    assert result.exit_code == 0, result.output
+    assert [r["step"] for r in read_records(run)][-4:] == [30, 31, 32, 33]
+    assert read_pointer(RunDir(run), "latest")["step"] == 33
+
+
+def test_a_log_window_cut_by_a_kill_is_exact_after_resume(tiny, tmp_path):
+    """log_every 4, save_every 7: the kill at 17 resumes from 14, inside the window of steps 13-16."""
+    reference = tiny.copy_prepared(tmp_path / "reference")
+    assert train_cli(tiny.config["transformer"], reference, "train.log_every=4", "train.max_steps=20").returncode == 0
+    run = tiny.copy_prepared(tmp_path / "run")
+    killed = train_cli(tiny.config["transformer"], run, "train.log_every=4", "train.max_steps=20", fault="sigkill_at_step:17")
+    assert killed.returncode in KILLED
+    assert train_cli(tiny.config["transformer"], run, "train.log_every=4", "train.max_steps=20").returncode == 0
+    assert [r["step"] for r in read_records(run)] == [4, 8, 12, 16, 20]
+    assert curve(run) == curve(reference)
+
+
 def test_resume_flag_on_an_empty_run_folder_exits_4(tiny, tmp_path):
     result = invoke_train(tiny.config["transformer"], tmp_path / "empty", resume=True)
     assert result.exit_code == 4, result.output
