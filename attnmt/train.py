@@ -272,8 +272,6 @@ class Trainer:
         found = latest_checkpoint(run)
         if found is not None:
             self._restore(*found)
-        elif resume:
-            raise CheckpointError(f"{run.root}: --resume given, but the run folder has no checkpoint")
         elif self.dist.main:
             self._truncate_metrics(0)  # records of a run killed before its first checkpoint
         self.ddp_model = self.model
