@@ -2,6 +2,7 @@
 
     python scripts/bench_train.py                       # attnmt Transformer and LSTM, 40 timed steps each
     python scripts/bench_train.py --joey 240            # ... and JoeyNMT for 240 s each (needs ../shared/peers/setup.sh)
+    python scripts/bench_train.py --device cuda --archs transformer --steps 300   # on a GPU: bf16 autocast
 
 For each recipe, in a fresh child process: prepare the data (not timed), run 5 warm-up steps, then time
 ``--steps`` optimizer steps and report source + target non-pad tokens per second, target tokens per
@@ -47,7 +48,7 @@ def matmul_peak(threads: int) -> float:
     return 2 * 2048**3 / statistics.median(times) / 1e9
 
 
-def child(arch: str, steps: int, threads: int, data: str | None) -> dict:
+def child(arch: str, steps: int, threads: int, data: str | None, device: str, precision: str) -> dict:
     """One recipe in this process: returns its measurements."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
@@ -57,7 +58,7 @@ def child(arch: str, steps: int, threads: int, data: str | None) -> dict:
     from attnmt.train import Trainer
 
     torch.set_num_threads(threads)
-    overrides = []
+    overrides = [f"train.device={device}", f"train.precision={precision}"]
     if data:
         for split, name in (("train", "train"), ("dev", "val"), ("test", "test_2016_flickr")):
             overrides += [f"data.{split}.src={data}/{name}.de.gz", f"data.{split}.tgt={data}/{name}.en.gz"]
@@ -83,8 +84,13 @@ def child(arch: str, steps: int, threads: int, data: str | None) -> dict:
             result = trainer.train_step(group)
             tokens += result["tokens"]
             tgt_tokens += result["tgt_tokens"]
+        if device == "cuda":
+            torch.cuda.synchronize()
         seconds = time.perf_counter() - start
     return {
+        "device": device,
+        "precision": precision if device == "cuda" else "fp32",
+        "peak_gpu_mib": torch.cuda.max_memory_allocated() / 2**20 if device == "cuda" else None,
         "arch": arch,
         "parameters": sum(p.numel() for p in trainer.model.parameters()),
         "steps": len(measured),
@@ -117,18 +123,22 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--archs", nargs="+", default=list(RECIPES), choices=list(RECIPES))
     ap.add_argument("--data", help="folder with Multi30k {train,val,test_2016_flickr}.{de,en}.gz (default: the recipes' paths)")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--precision", default="bf16", choices=["fp32", "bf16", "fp16"], help="autocast dtype on CUDA")
     ap.add_argument("--joey", type=int, default=0, metavar="SECONDS", help="also run JoeyNMT for this many seconds per arch")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print("RESULT " + json.dumps(child(args.child, args.steps, args.threads, args.data)))
+        print("RESULT " + json.dumps(child(args.child, args.steps, args.threads, args.data, args.device, args.precision)))
         return
 
-    peak = matmul_peak(args.threads)
-    print(f"fp32 matmul peak (torch.mm 2048, {args.threads} threads): {peak:.1f} GFLOP/s")
+    peak = matmul_peak(args.threads) if args.device == "cpu" else float("nan")
+    print(f"fp32 matmul peak (torch.mm 2048, {args.threads} threads): {peak:.1f} GFLOP/s" if args.device == "cpu"
+          else "on CUDA: MFU is not computed (no measured peak); see peak GPU memory instead")
     rows = []
     for arch in args.archs:
-        cmd = [sys.executable, __file__, "--child", arch, "--steps", str(args.steps), "--threads", str(args.threads)]
+        cmd = [sys.executable, __file__, "--child", arch, "--steps", str(args.steps), "--threads", str(args.threads),
+               "--device", args.device, "--precision", args.precision]
         if args.data:
             cmd += ["--data", args.data]
         out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})
