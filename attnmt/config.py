@@ -307,6 +307,8 @@ class TrainConfig(Section):
     label_smoothing: Probability = 0.1
     log_every: PositiveInt = 50
     eval_every: PositiveInt = 1000
+    valid_beam_size: PositiveInt = 1
+    """Beam size of the validation translations; 1 = greedy."""
     save_every: PositiveInt = 1000
     keep_last: Annotated[int, Field(strict=True, ge=2)] = 2
     keep_best: PositiveInt = 1

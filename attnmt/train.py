@@ -41,7 +41,7 @@ from .checkpoint import (
     write_pointer,
 )
 from .config import Config
-from .decode import greedy_search
+from .decode import Translator
 from .errors import CheckpointError, ConfigError, DataError, DivergedError, ResourceError
 from .loss import label_smoothed_nll
 from .metrics import corpus_scores
@@ -53,7 +53,7 @@ from .tokenizer import PAD_ID, Tokenizer, load_tokenizer
 log = logging.getLogger(__name__)
 
 # train.* keys that may change when a run resumes: they do not change what the steps compute.
-RESUMABLE = {"max_steps", "max_epochs", "max_minutes", "log_every", "eval_every", "save_every", "keep_last", "keep_best",
+RESUMABLE = {"max_steps", "max_epochs", "max_minutes", "valid_beam_size", "log_every", "eval_every", "save_every", "keep_last", "keep_best",
              "patience", "plot_every", "tensorboard", "run_dir", "max_nonfinite", "compile", "device"}
 
 
@@ -452,18 +452,16 @@ class Trainer:
         model, data = self.model, self.dev_data
         model.eval()
         loss_sum = nll_sum = tokens = 0.0
-        sampler_batches = TokenBatchSampler(data.lengths, self.cfg.decode.max_tokens, shuffle=False).batches(0)
-        hyps: dict[int, list[int]] = {}
-        for indices in sampler_batches:
+        for indices in TokenBatchSampler(data.lengths, self.cfg.decode.max_tokens, shuffle=False).batches(0):
             batch = data.batch(indices).to(self.device)
             with torch.autocast(self.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
                 out = model(batch)
             loss = label_smoothed_nll(out.logits, batch.tgt_out, PAD_ID, self.tc.label_smoothing)
             loss_sum, nll_sum, tokens = loss_sum + float(loss.loss), nll_sum + float(loss.nll), tokens + loss.n_tokens
-            d = self.cfg.decode
-            for i, hyp in zip(indices, greedy_search(model, batch.src, batch.src_mask, d.max_len_a, d.max_len_b, d.min_len)):
-                hyps[i] = hyp.tokens
-        texts = self.tokenizer.decode_tgt([hyps[i] for i in range(len(data.src_ids))])
+        d = self.cfg.decode
+        search = Translator(model, self.tokenizer, self.tc.valid_beam_size, 1, d.length_penalty, d.max_len_a, d.max_len_b,
+                            d.min_len, d.max_src_len, d.max_tokens, self.device).search
+        texts = self.tokenizer.decode_tgt([hyps[0].tokens for hyps in search(data.src_ids)])
         scores = corpus_scores(texts, [data.tgt_text], ("bleu", "chrf"), tgt_lang=self.cfg.data.tgt_lang)
         model.train()
         return {

@@ -377,6 +377,35 @@ def test_valid_records_carry_scores_and_sacrebleu_signatures(tiny):
         assert r["chrf_signature"].startswith("nrefs:1|") and "|version:2." in r["chrf_signature"]
 
 
+def test_validation_with_beam_search_scores_the_beam_translations(tiny, tmp_path, monkeypatch):
+    """valid_beam_size 3: validation searches with a beam of 3, and the dev BLEU is that of those translations."""
+    import attnmt.train
+    from attnmt.checkpoint import load_model
+    from attnmt.decode import Translator
+    from attnmt.metrics import corpus_scores
+    from attnmt.train import load_split
+
+    beams = []
+
+    def spy(model, tokenizer, beam_size, *args, **kwargs):
+        beams.append(beam_size)
+        return Translator(model, tokenizer, beam_size, *args, **kwargs)
+
+    monkeypatch.setattr(attnmt.train, "Translator", spy)
+    run = tiny.copy_prepared(tmp_path / "run")
+    result = invoke_train(tiny.config["transformer"], run, "train.valid_beam_size=3", "train.eval_every=30", "train.save_every=30")
+    assert result.exit_code == 0, result.output
+    assert beams == [3]
+    (valid,) = read_records(run, "valid")
+    model, tokenizer, cfg, _ = load_model(run / "checkpoints" / step_file(30))
+    dev = load_split(RunDir(run), "dev")
+    d = cfg.decode
+    hyps = Translator(model, tokenizer, 3, 1, d.length_penalty, d.max_len_a, d.max_len_b, d.min_len).search(dev.src_ids)
+    texts = tokenizer.decode_tgt([h[0].tokens for h in hyps])
+    assert valid["bleu"] == corpus_scores(texts, [dev.tgt_text], ["bleu"], tgt_lang="de")["bleu"].score
+    assert valid["example"] == texts[0]
+
+
 def test_pruning_keeps_the_last_two_and_the_best(tiny):
     reference = tiny.reference()
     best = max(read_records(reference, "valid"), key=lambda r: r["bleu"])  # the first of equals: ties don't improve
