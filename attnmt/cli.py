@@ -74,6 +74,11 @@ def _guard(body: Callable[[], None]) -> None:
         _fail(str(e).replace("\n", " "), e.exit_code)
     except (typer.Exit, typer.Abort, KeyboardInterrupt):
         raise
+    except BrokenPipeError:
+        # The reader went away (e.g. `| head -1`): stop quietly, and keep Python from complaining at exit
+        # when it flushes stdout. Caught here, before `Exception` would report it as an internal error.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise typer.Exit(0) from None
     except MemoryError:
         _fail("out of memory (reduce train.max_tokens or the corpus size)", 5)
     except Exception as e:
@@ -313,6 +318,12 @@ def _input_lines(path: Path | None) -> Iterator[str]:
             raise DataError(f"<stdin>:{number}: invalid UTF-8 at byte offset {e.start}") from None
 
 
+def _refuse_overwrite(flag: str, output: Path | None, inputs: list[Path | None]) -> None:
+    """Writing to an input would truncate it before it is read (and lose it): refuse, before any work."""
+    if output is not None and any(p is not None and output.resolve() == Path(p).resolve() for p in inputs):
+        raise ConfigError(f"{flag} {output} is an input file; refusing to overwrite the input")
+
+
 def _chunks(lines: Iterator[str], size: int) -> Iterator[list[str]]:
     chunk: list[str] = []
     for line in lines:
@@ -343,9 +354,10 @@ def translate(
 
         if sentences and input_ is not None:
             raise ConfigError("give sentences as arguments or --input, not both")
-        if output is not None and input_ is not None and str(input_) != "-" and output.resolve() == input_.resolve():
-            raise ConfigError(f"--output {output} is the input file; refusing to overwrite the input")
-        translator, _, _ = _translator(model, beam_size, nbest, max_tokens, device, length_penalty)
+        inputs = [input_] if input_ is not None and str(input_) != "-" else []
+        _refuse_overwrite("--output", output, inputs + [model])
+        translator, _, checkpoint = _translator(model, beam_size, nbest, max_tokens, device, length_penalty)
+        _refuse_overwrite("--output", output, [checkpoint])
         lines = iter(sentences) if sentences else _input_lines(input_)
         written: list[str] = []
         truncated = 0
@@ -370,12 +382,7 @@ def translate(
         if truncated:
             sys.stderr.write(f"warning: {truncated} line(s) longer than decode.max_src_len pieces were truncated\n")
 
-    try:
-        _guard(body)
-    except BrokenPipeError:
-        # The reader went away (e.g. `| head -1`): stop quietly, and keep Python from complaining at exit.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        raise typer.Exit(0) from None
+    _guard(body)
 
 
 @app.command("eval")
@@ -413,6 +420,7 @@ def eval_(
             raise ConfigError("--ref is required")
         if (hyp is None) == (model is None or src is None):
             raise ConfigError("give either MODEL --src FILE, or --hyp FILE")
+        _refuse_overwrite("--hyp-out", hyp_out, [src, hyp, model, *ref])
         references = [list(read_lines(r)) for r in ref]
         lang = tgt_lang
         if hyp is not None:
@@ -460,10 +468,29 @@ def align(ctx: typer.Context) -> None:
     _not_yet("align", 6)
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def average(ctx: typer.Context) -> None:
-    """Average the parameters of several checkpoints. (not available yet)"""
-    _not_yet("average", 5)
+@app.command()
+def average(
+    checkpoints: Annotated[list[Path], typer.Argument(help="Two or more checkpoint files of one model config.", show_default=False)],
+    out: Annotated[Path, typer.Option("--out", "-o", help="The averaged checkpoint to write (atomically).", show_default=False)],
+) -> None:
+    """Average the parameters of several checkpoints into one that translate and eval accept."""
+
+    def body() -> None:
+        from .checkpoint import average_checkpoints, save_payload
+
+        if len(checkpoints) < 2:
+            raise ConfigError(f"average needs at least two checkpoints, got {len(checkpoints)}")
+        resolved = [c.resolve() for c in checkpoints]
+        if len(set(resolved)) < len(resolved):
+            raise ConfigError("a checkpoint is given twice; each one counts once in the average")
+        if out.resolve() in resolved:
+            raise ConfigError(f"--out {out} is one of the checkpoints; refusing to overwrite an input")
+        if out.is_dir():
+            raise ConfigError(f"--out {out} is a folder; give a file name")
+        save_payload(average_checkpoints(checkpoints), out)
+        typer.echo(f"averaged {len(checkpoints)} checkpoints into {out}")
+
+    _guard(body)
 
 
 def _model_spec(target: Path, overrides: list[str] | None):

@@ -252,7 +252,8 @@ def beam_search(
 
 @dataclass
 class Translation:
-    """The n-best outputs of one input line: (detokenised text, score), best first."""
+    """The n-best outputs of one input line: (detokenised text, score), best first. The score is the one
+    the beam ranks by: the sum of log-probabilities over ``gnmt_penalty`` (so it falls down the list)."""
 
     outputs: list[tuple[str, float]]
     truncated: bool = False  # the source was longer than max_src_len pieces and was cut
@@ -308,5 +309,6 @@ class Translator:
         out = [Translation([("", 0.0)]) for _ in texts]
         for i, hyps in zip(todo, self.search(encoded)):
             decoded = self.tokenizer.decode_tgt([h.tokens for h in hyps])
-            out[i] = Translation([(text, h.score) for text, h in zip(decoded, hyps)], i in truncated)
+            scores = [h.score / gnmt_penalty(len(h.tokens) + 1, self.length_penalty) for h in hyps]
+            out[i] = Translation(list(zip(decoded, scores)), i in truncated)
         return out

@@ -315,6 +315,8 @@ class Trainer:
         }
 
     def _restore(self, path, payload: dict) -> None:
+        if payload.get("optimizer") is None:
+            raise CheckpointError(f"{path}: has no training state (an averaged checkpoint?); it can translate, not resume")
         old = payload["fingerprint"]
         if old["model_sha256"] != self.fingerprint["model_sha256"]:
             changes = diff_dicts(old["model"], self.fingerprint["model"])

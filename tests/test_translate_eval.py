@@ -1,0 +1,353 @@
+"""``attnmt translate``, ``eval`` and ``average`` as a user runs them, on a tiny model trained once for this
+module: line alignment whatever the input, n-best output, atomic ``-o``, the exit-code contract, scores
+equal to the sacrebleu command line, and averaged checkpoints checked against a float64 mean."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import OFFLINE_ENV, REPO, assert_one_error_line, hash_tree, train_cli
+from typer.testing import CliRunner
+
+from attnmt.cli import app
+
+SACREBLEU = Path(sys.executable).with_name("sacrebleu")
+# Toy-task sources (English dates); the model below translates each to a non-empty line.
+SOURCES = [
+    "monday , 3 june 2001",
+    "saturday , 4th april 2004 at 3:15 pm",
+    "friday , december 1st , 1999 at 11:30 am",
+    "the 2nd of may 2010",
+    "sunday , 7 july 1987 at 9:00 am",
+]
+
+
+@pytest.fixture(scope="module")
+def run(tiny, tmp_path_factory) -> Path:
+    """The tiny config trained to step 150 without dropout (the conftest reference, at step 30, still
+    outputs empty lines); checkpoints at steps 100 and 150."""
+    run_dir = tiny.copy_prepared(tmp_path_factory.mktemp("translate") / "run")
+    sets = ["train.max_steps=150", "train.save_every=50", "train.eval_every=1000", "train.log_every=50", "model.dropout=0.0"]
+    result = train_cli(tiny.config["transformer"], run_dir, *sets)
+    assert result.returncode == 0, result.stderr
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def ckpt(run) -> Path:
+    return run / "checkpoints" / "step_00000150.pt"
+
+
+def invoke(*args, input: str | bytes | None = None):
+    return CliRunner().invoke(app, [str(a) for a in args], input=input)
+
+
+def translate(ckpt: Path, *args, input: str | bytes | None = None) -> list[str]:
+    result = invoke("translate", ckpt, *args, input=input)
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "" or result.stdout.endswith("\n")
+    return result.stdout.split("\n")[:-1]
+
+
+# ----------------------------------------------------------------------------------------- translate
+
+
+def test_arguments_file_and_stdin_give_the_same_lines(ckpt, tmp_path):
+    source = tmp_path / "in.en"
+    source.write_text("\n".join(SOURCES) + "\n", encoding="utf-8")
+    from_args = translate(ckpt, *SOURCES)
+    assert len(from_args) == len(SOURCES) and all(from_args), from_args
+    assert translate(ckpt, "-i", source) == from_args
+    assert translate(ckpt, "-i", "-", input=source.read_bytes()) == from_args
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"A\n\nB\n", b"A\n\nB", b"\n", b"\n\n\n", b"\nA\n\n\nB\n\n"],
+    ids=["inner", "no-final-newline", "one-empty", "only-empty", "runs"],
+)
+def test_empty_lines_give_empty_lines(ckpt, tmp_path, data):
+    text = data.replace(b"A", SOURCES[0].encode()).replace(b"B", SOURCES[1].encode())
+    lines = text.decode().split("\n")
+    lines = lines[:-1] if text.endswith(b"\n") else lines
+    alone = dict(zip(SOURCES[:2], translate(ckpt, *SOURCES[:2])))
+    source = tmp_path / "in.en"
+    source.write_bytes(text)
+    for out in (translate(ckpt, "-i", source), translate(ckpt, "-i", "-", input=text)):
+        assert out == [alone[line] if line else "" for line in lines]
+
+
+def test_nbest_is_sorted_and_its_first_is_the_one_best(ckpt):
+    # The third: its 3-best has a longer hypothesis ranked above a shorter one with a higher log-probability
+    # sum, so only the length-normalised score (the beam's ranking key) falls down the list.
+    sources = SOURCES[:2] + ["thursday the 3rd of january 2087"]
+    rows = [line.split("\t") for line in translate(ckpt, "--nbest", "3", "--beam-size", "3", *sources)]
+    assert [int(r[0]) for r in rows] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    for i in range(3):
+        scores = [float(r[1]) for r in rows if r[0] == str(i)]
+        assert scores == sorted(scores, reverse=True) and all(s < 0 for s in scores)
+        assert len({r[2] for r in rows if r[0] == str(i)}) > 1
+    assert [r[2] for r in rows[::3]] == translate(ckpt, "--beam-size", "3", *sources)
+
+
+def test_output_file_is_written_whole(ckpt, tmp_path):
+    source, out = tmp_path / "in.en", tmp_path / "out" / "hyp.de"
+    source.write_text("\n".join(SOURCES) + "\n", encoding="utf-8")
+    result = invoke("translate", ckpt, "-i", source, "-o", out)
+    assert result.exit_code == 0 and result.stdout == ""
+    assert out.read_text(encoding="utf-8").split("\n")[:-1] == translate(ckpt, *SOURCES)
+    assert os.listdir(out.parent) == ["hyp.de"]  # no temporary file left
+
+
+@pytest.mark.parametrize("existing", [None, b"old translations\n"])
+def test_invalid_utf8_leaves_no_partial_output(ckpt, tmp_path, existing):
+    source, out = tmp_path / "in.en", tmp_path / "hyp.de"
+    source.write_bytes(f"{SOURCES[0]}\n{SOURCES[1]}\nbad \xff\xfe bytes\n{SOURCES[2]}\n".encode("latin-1"))
+    if existing is not None:
+        out.write_bytes(existing)
+    before = hash_tree(tmp_path)
+    result = invoke("translate", ckpt, "-i", source, "-o", out)
+    assert result.exit_code == 3
+    assert f"{source}:3:" in assert_one_error_line(result.stderr)
+    assert hash_tree(tmp_path) == before  # output unchanged or absent, and no tmp file
+
+
+@pytest.mark.parametrize("target", ["input", "checkpoint"])
+def test_output_equal_to_an_input_is_refused(ckpt, tmp_path, target):
+    model = tmp_path / "model.pt"
+    shutil.copy(ckpt, model)
+    source = tmp_path / "in.en"
+    source.write_text(SOURCES[0] + "\n", encoding="utf-8")
+    before = hash_tree(tmp_path)
+    result = invoke("translate", model, "-i", source, "-o", {"input": source, "checkpoint": model}[target])
+    assert result.exit_code == 2
+    assert "refusing to overwrite the input" in assert_one_error_line(result.stderr)
+    assert hash_tree(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [(["--beam-size", "100"], "exceeds the target vocabulary (64 pieces)"),
+     (["--nbest", "4", "--beam-size", "3"], "--nbest 4 must not exceed the beam size 3")],
+)  # fmt: skip
+def test_impossible_beam_settings_exit_2(ckpt, args, fragment):
+    result = invoke("translate", ckpt, *args, SOURCES[0])
+    assert result.exit_code == 2
+    assert fragment in assert_one_error_line(result.stderr)
+    assert result.stdout == ""
+
+
+def test_beam_size_zero_is_a_usage_error(ckpt):
+    result = invoke("translate", ckpt, "--beam-size", "0", SOURCES[0])
+    assert result.exit_code == 2 and "Traceback" not in result.output and result.stdout == ""
+
+
+def test_empty_stdin_gives_no_output(ckpt):
+    result = invoke("translate", ckpt, "-i", "-", input=b"")
+    assert result.exit_code == 0 and result.stdout == "" and result.stderr == ""
+
+
+def test_closed_pipe_stops_quietly(ckpt, tmp_path):
+    """``| head -1`` closes the pipe after the first chunk of 1000 lines: no error, no traceback, exit 0."""
+    big = tmp_path / "big.en"
+    big.write_text("\n".join(SOURCES[i % 3] for i in range(3000)) + "\n", encoding="utf-8")
+    script = f'"{sys.executable}" -m attnmt translate "{ckpt}" -i "{big}" --beam-size 1 2>"{tmp_path}/err" | head -1; exit "${{PIPESTATUS[0]}}"'
+    result = subprocess.run(["bash", "-c", script], cwd=REPO, env={**os.environ, **OFFLINE_ENV},
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert (tmp_path / "err").read_text() == ""
+    assert result.returncode == 0
+    assert result.stdout.count("\n") == 1 and result.stdout.strip()
+
+
+def test_megabyte_line_is_truncated_with_one_warning(ckpt):
+    huge = ("monday , 3 june 2001 " * 50_000)[:1_000_000]
+    result = invoke("translate", ckpt, "-i", "-", "--beam-size", "1", input=f"{huge}\n{SOURCES[1]}\n")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.split("\n")
+    assert len(lines) == 3 and lines[2] == ""
+    assert lines[1] == translate(ckpt, "--beam-size", "1", SOURCES[1])[0]
+    warning = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(warning) == 1 and warning[0].startswith("warning: 1 line(s) longer than decode.max_src_len"), result.stderr
+
+
+def test_any_script_and_control_characters_keep_one_line_each(ckpt, tmp_path):
+    lines = [
+        "Привет, мир! 你好世界 🎉👩‍👩‍👧 العربية",
+        "\x00nul\x00 and \x1b[31mred\x1b[0m",
+        "carriage\rreturn, vertical\x0btab, form\x0cfeed",
+        "next\x85line and line\u2028separator",
+        "\x1b[31m\x1b[0m\x00",  # nothing left after cleaning: an empty output line
+        "e\u0301 \u200b zero width",
+        SOURCES[0],
+    ]
+    source = tmp_path / "mixed.txt"
+    source.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = translate(ckpt, "-i", source)
+    assert len(out) == len(lines)
+    assert out[4] == "" and out[6] == translate(ckpt, SOURCES[0])[0]
+
+
+def test_a_file_translates_as_its_lines_do_alone(ckpt, tmp_path):
+    """Batching (sorted by length, padded) does not change any sentence's translation."""
+    source = tmp_path / "in.en"
+    source.write_text("\n".join(SOURCES) + "\n", encoding="utf-8")
+    assert translate(ckpt, "-i", source) == [translate(ckpt, line)[0] for line in SOURCES]
+
+
+@pytest.mark.parametrize("damage", ["truncated", "random", "empty"])
+def test_damaged_checkpoint_exits_4(ckpt, tmp_path, damage):
+    bad = tmp_path / "bad.pt"
+    data = ckpt.read_bytes()
+    bad.write_bytes({"truncated": data[: len(data) // 2], "random": os.urandom(4096), "empty": b""}[damage])
+    result = invoke("translate", bad, SOURCES[0])
+    assert result.exit_code == 4
+    assert str(bad) in assert_one_error_line(result.stderr)
+    assert result.stdout == ""
+
+
+def test_run_folder_without_checkpoint_exits_4(tiny, tmp_path):
+    run_dir = tiny.copy_prepared(tmp_path / "run")
+    result = invoke("translate", run_dir, SOURCES[0])
+    assert result.exit_code == 4
+    assert "no checkpoint" in assert_one_error_line(result.stderr)
+
+
+# ---------------------------------------------------------------------------------------------- eval
+
+HYPS = ["The cat sat on the mat .", "Hello World", "it is 7:05 pm on tuesday", "Das ist gut!"]
+REFS = [
+    ["the cat sat on a mat .", "hello world !", "It is 7:05 pm, Tuesday", "Das ist sehr gut!"],
+    ["The cat was sitting on the mat.", "Hello, world.", "it's 19:05 on tuesday", "das ist gut !"],
+]
+HYPS_ZH = ["猫坐在垫子上。", "你好，世界", "今天是星期二"]
+REFS_ZH = [["猫坐在席子上。", "你好世界！", "今天星期二"]]
+
+
+def write_lines(path: Path, lines: list[str]) -> Path:
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def sacrebleu_cli(refs: list[Path], hyp: Path, *flags: str) -> list[dict]:
+    cmd = [str(SACREBLEU), *map(str, refs), "-i", str(hyp), "-m", "bleu", "chrf", "ter", "-w", "4", *flags]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def eval_json(*args) -> list[dict]:
+    result = invoke("eval", "--json", *args)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+@pytest.mark.parametrize(
+    "case, attnmt_flags, sacrebleu_flags",
+    [("one-ref", [], ["--ter-case-sensitive"]),
+     ("two-refs", [], ["--ter-case-sensitive"]),
+     ("lowercase", ["--lowercase"], ["-lc", "--chrf-lowercase"]),
+     ("zh", ["--tokenize", "zh"], ["--tokenize", "zh", "--ter-case-sensitive"])],
+)  # fmt: skip
+def test_eval_equals_the_sacrebleu_command_line(tmp_path, case, attnmt_flags, sacrebleu_flags):
+    hyps, refs = (HYPS_ZH, REFS_ZH) if case == "zh" else (HYPS, REFS[: 2 if case == "two-refs" else 1])
+    hyp = write_lines(tmp_path / "hyp.txt", hyps)
+    ref_files = [write_lines(tmp_path / f"ref{i}.txt", r) for i, r in enumerate(refs)]
+    ours = eval_json("--hyp", hyp, *[a for r in ref_files for a in ("--ref", r)], *attnmt_flags)
+    theirs = sacrebleu_cli(ref_files, hyp, *sacrebleu_flags)
+    assert [s["metric"] for s in ours] == ["bleu", "chrf", "ter"]
+    for mine, oracle in zip(ours, theirs):
+        assert mine["signature"] == oracle["signature"]
+        assert mine["score"] == pytest.approx(oracle["score"], abs=1.5e-4)
+    assert 0 < ours[0]["score"] < 100
+
+
+def test_eval_of_a_model_equals_translate_then_score(run, ckpt, tmp_path):
+    src = write_lines(tmp_path / "src.en", SOURCES)
+    ref = write_lines(tmp_path / "ref.de", ["montag , 3. juni 2001", "samstag , 4. april 2004 um 15:15 uhr",
+                                            "freitag , 1. dezember 1999 um 11:30 uhr", "2. mai 2010",
+                                            "sonntag , 7. juli 1987 um 09:00 uhr"])  # fmt: skip
+    hyp = tmp_path / "hyp.de"
+    hyp_out = tmp_path / "hyp_out.de"
+    assert invoke("translate", ckpt, "-i", src, "-o", hyp).exit_code == 0
+    direct = eval_json(ckpt, "--src", src, "--ref", ref, "--hyp-out", hyp_out)
+    assert direct == eval_json("--hyp", hyp, "--ref", ref, "--tgt-lang", "de")
+    assert hyp_out.read_bytes() == hyp.read_bytes()
+
+
+@pytest.mark.parametrize(
+    "hyp_lines, ref_lines, args, code, fragments",
+    [(["a", "b", "c"], ["a", "b"], [], 3, ["hyp has 3 lines", "ref has 2"]),
+     (["a"], [], [], 3, ["reference file is empty"]),
+     (["a"], ["a"], ["--metrics", "bleu,meteor"], 2, ["meteor"])],
+    ids=["count-mismatch", "empty-ref", "unknown-metric"],
+)  # fmt: skip
+def test_eval_refuses_bad_input(tmp_path, hyp_lines, ref_lines, args, code, fragments):
+    hyp, ref = write_lines(tmp_path / "hyp", hyp_lines), write_lines(tmp_path / "ref", ref_lines)
+    result = invoke("eval", "--hyp", hyp, "--ref", ref, *args)
+    assert result.exit_code == code
+    message = assert_one_error_line(result.stderr)
+    assert all(f in message for f in fragments), message
+
+
+# ------------------------------------------------------------------------------------------- average
+
+
+def test_average_is_the_mean_and_translates(run, ckpt, tmp_path):
+    first = run / "checkpoints" / "step_00000100.pt"
+    out = tmp_path / "avg" / "average.pt"
+    before = hash_tree(run / "checkpoints")
+    result = invoke("average", first, ckpt, "--out", out)
+    assert result.exit_code == 0, result.output
+    assert os.listdir(out.parent) == ["average.pt"] and hash_tree(run / "checkpoints") == before
+    payload = torch.load(out, weights_only=True)
+    a, b = (torch.load(p, weights_only=True) for p in (first, ckpt))
+    assert payload["averaged_from"] == [first.name, ckpt.name]
+    assert payload["optimizer"] is None and payload["schedule"] is None
+    assert payload["progress"] == a["progress"] and payload["config"] == a["config"]
+    for name, tensor in payload["model"].items():
+        assert tensor.dtype == a["model"][name].dtype
+        if tensor.is_floating_point():
+            mean = (a["model"][name].double() + b["model"][name].double()) / 2
+            assert torch.allclose(tensor.double(), mean, rtol=0, atol=1e-7), name
+        else:
+            assert torch.equal(tensor, a["model"][name])
+    assert any(not torch.equal(a["model"][n], b["model"][n]) for n in a["model"])  # else the mean proves nothing
+    assert len(translate(out, *SOURCES[:2])) == 2
+    src, ref = write_lines(tmp_path / "src.en", SOURCES[:2]), write_lines(tmp_path / "ref.de", ["x", "y"])
+    assert [s["metric"] for s in eval_json(out, "--src", src, "--ref", ref)] == ["bleu", "chrf", "ter"]
+
+
+@pytest.mark.parametrize("change", ["model", "tokenizer"])
+def test_average_of_different_models_exits_4(run, ckpt, tmp_path, change):
+    other = torch.load(ckpt, weights_only=True)
+    if change == "model":
+        other["fingerprint"]["model"]["d_model"] = 32
+        other["fingerprint"]["model_sha256"] = "0" * 64
+    else:
+        other["fingerprint"]["tokenizer"]["src_sha256"] = "0" * 64
+    torch.save(other, tmp_path / "other.pt")
+    result = invoke("average", run / "checkpoints" / "step_00000100.pt", tmp_path / "other.pt", "--out", tmp_path / "avg.pt")
+    assert result.exit_code == 4
+    message = assert_one_error_line(result.stderr)
+    assert "other.pt" in message and ("d_model: 16 -> 32" in message if change == "model" else "tokenizer" in message)
+    assert not (tmp_path / "avg.pt").exists()
+
+
+@pytest.mark.parametrize("case", ["one-input", "out-is-input", "twice"])
+def test_average_usage_errors_exit_2(run, tmp_path, case):
+    checkpoints = shutil.copytree(run / "checkpoints", tmp_path / "checkpoints")
+    a, b = checkpoints / "step_00000100.pt", checkpoints / "step_00000150.pt"
+    before = hash_tree(tmp_path)
+    args = {"one-input": [a, "--out", tmp_path / "avg.pt"], "out-is-input": [a, b, "--out", b],
+            "twice": [a, a, "--out", tmp_path / "avg.pt"]}[case]  # fmt: skip
+    result = invoke("average", *args)
+    assert result.exit_code == 2
+    assert_one_error_line(result.stderr)
+    assert hash_tree(tmp_path) == before
