@@ -14,7 +14,7 @@ from torch import nn
 from attnmt.batching import collate
 from attnmt.config import LSTMConfig, TransformerConfig
 from attnmt.loss import label_smoothed_nll
-from attnmt.models import build_model, parameter_counts, select
+from attnmt.models import build_model, parameter_counts
 from attnmt.models.transformer import Positions, sinusoid
 from attnmt.tokenizer import PAD_ID
 
@@ -130,11 +130,10 @@ def test_select_reorders_state_mid_decoding(name):
         state = model.encode(batch.src, batch.src_mask)
         for t in range(k):
             _, state, _ = model.step(batch.tgt_in[:, t], state)
-        state = select(state, index)
+        state = model.select(state, index)
         for t in range(k, T):
             logits, state, _ = model.step(batch.tgt_in[index, t], state)
             assert_close(logits, reference[index, t])
-    assert model.select is select
 
 
 @every_model
@@ -148,7 +147,7 @@ def test_select_right_after_encode(name):
         reordered, _ = step_all(
             model,
             batch_of([SRC[i] for i in index], [TGT[i] for i in index]),
-            state=select(model.encode(batch.src, batch.src_mask), index),
+            state=model.select(model.encode(batch.src, batch.src_mask), index),
         )
     assert_close(moved, reference[index])
     assert_close(reordered, reference[index])

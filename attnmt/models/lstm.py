@@ -19,7 +19,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from ..attention import Attention
 from ..config import LSTMConfig
-from .protocol import ModelOutput, select
+from .protocol import ModelOutput, select_grouped, to_blocks
 
 
 class LSTMModel(nn.Module):
@@ -63,23 +63,26 @@ class LSTMModel(nn.Module):
         h0 = torch.tanh(self.bridge_h(h_last)).view(B, L, Hd)  # (B, L, Hd): batch first so select() can reorder it
         c0 = self.bridge_c(c_last).view(B, L, Hd)
         return {
-            "memory": memory,
-            "keys": self.attention.project_keys(memory),  # once per sentence, not once per step
-            "src_mask": src_mask,
-            "h": h0,
+            "memory": memory,  # per sentence
+            "keys": self.attention.project_keys(memory),  # per sentence: once, not once per step
+            "src_mask": src_mask,  # per sentence
+            "h": h0,  # per row
             "c": c0,
             "feed": memory.new_zeros(B, self.out_dim),
+            "group": 1,  # rows per sentence
         }
 
     def step(self, tokens: torch.Tensor, state: dict, need_attention: bool = False):
-        """tokens (B,) -> (logits (B, V), new state, attention (B, S) or None)."""
+        """tokens (N,) -> (logits (N, V), new state, attention (N, S) or None); N = sentences x group."""
         x = self.dropout(self.tgt_embed(tokens))  # (B, E)
         if self.cfg.input_feeding:
             x = torch.cat([x, state["feed"]], dim=-1)  # (B, E + out_dim)
         hc = (state["h"].transpose(0, 1).contiguous(), state["c"].transpose(0, 1).contiguous())  # (L, B, Hd) each
         out, (h, c) = self.decoder(x[:, None], hc)  # out (B, 1, Hd)
-        query = out[:, 0]  # (B, Hd)
-        context, weights = self.attention(query, state["keys"], state["memory"], state["src_mask"])  # (B, 2H), (B, S)
+        query = out[:, 0]  # (N, Hd)
+        # The group's rows (beams) are extra queries of their sentence: memory and keys are never copied per beam.
+        context, weights = self.attention(to_blocks(query, state["group"]), state["keys"], state["memory"], state["src_mask"])
+        context, weights = context.flatten(0, 1), weights.flatten(0, 1)  # (N, 2H), (N, S)
         feed = torch.tanh(self.combine(torch.cat([query, context], dim=-1)))  # (B, out_dim)
         logits = self.output(self.dropout(feed))  # (B, V)
         new_state = {**state, "h": h.transpose(0, 1), "c": c.transpose(0, 1), "feed": feed}
@@ -96,4 +99,6 @@ class LSTMModel(nn.Module):
         attention = {"cross": [torch.stack(weights, dim=1)[:, None]]} if need_attention else None  # [(B, 1, T, S)]
         return ModelOutput(torch.stack(logits, dim=1), attention)
 
-    select = staticmethod(select)
+    def select(self, state: dict, index: torch.Tensor) -> dict:
+        """Keep or repeat rows (N',); the per-sentence part moves only when the sentences change."""
+        return select_grouped(state, index, ("h", "c", "feed"), ("memory", "keys", "src_mask"), state["src_mask"].size(0))

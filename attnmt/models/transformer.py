@@ -16,7 +16,7 @@ from torch import nn
 
 from ..attention import Kernel, MultiHeadAttention, sparse_attention
 from ..config import TransformerConfig
-from .protocol import ModelOutput, select
+from .protocol import ModelOutput, select_grouped
 
 
 def sinusoid(positions: torch.Tensor, d_model: int) -> torch.Tensor:
@@ -113,9 +113,13 @@ class DecoderLayer(nn.Module):
         cross_kv: tuple[torch.Tensor, torch.Tensor],
         src_mask: torch.Tensor,
         need_weights: bool,
+        group: int = 1,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor], torch.Tensor | None, torch.Tensor | None]:
         """Teacher forcing when ``self_kv`` is None (causal over x); otherwise x is the next position(s)
-        and its keys/values are appended to ``self_kv``. Returns (x, new self_kv, self weights, cross weights)."""
+        and its keys/values are appended to ``self_kv``. x has ``group`` rows per sentence of
+        ``cross_kv`` (the beams): they attend to their sentence as extra query positions, so the
+        cross-attention keys and values are never copied per beam. Returns (x, new self_kv, self
+        weights, cross weights)."""
         new_kv = {}
 
         def self_attention(h: torch.Tensor):
@@ -129,8 +133,17 @@ class DecoderLayer(nn.Module):
             return self.self_attn.attend(q, k, v, None, causal=causal, need_weights=need_weights)
 
         def cross_attention(h: torch.Tensor):
-            q = self.cross_attn.project_q(h)  # (B, H, t, dh)
-            return self.cross_attn.attend(q, cross_kv[0], cross_kv[1], src_mask, need_weights=need_weights)
+            N, t, _ = h.shape
+            q = self.cross_attn.project_q(h)  # (N, H, t, dh) with N = B * group
+            if group == 1:
+                return self.cross_attn.attend(q, cross_kv[0], cross_kv[1], src_mask, need_weights=need_weights)
+            B, H = N // group, q.size(1)
+            q = q.view(B, group, H, t, -1).transpose(1, 2).reshape(B, H, group * t, -1)  # (B, H, group*t, dh)
+            out, weights = self.cross_attn.attend(q, cross_kv[0], cross_kv[1], src_mask, need_weights=need_weights)
+            out = out.reshape(N, t, -1)  # (B, group*t, D) -> (N, t, D)
+            if weights is not None:
+                weights = weights.view(B, H, group, t, -1).transpose(1, 2).reshape(N, H, t, -1)  # (N, H, t, S)
+            return out, weights
 
         x, self_weights = self.sub_self(x, self_attention)
         x, cross_weights = self.sub_cross(x, cross_attention)
@@ -196,21 +209,24 @@ class TransformerModel(nn.Module):
         B, H = src.size(0), self.cfg.n_heads
         empty = memory.new_zeros(B, H, 0, self.cfg.d_model // H)  # (B, H, 0, dh)
         return {
-            "src_mask": src_mask,
-            "cross_kv": self._cross_kv(memory),
-            "self_kv": [(empty, empty) for _ in self.decoder],
+            "src_mask": src_mask,  # per sentence
+            "cross_kv": self._cross_kv(memory),  # per sentence
+            "self_kv": [(empty, empty) for _ in self.decoder],  # per row
             "pos": 0,
+            "group": 1,  # rows per sentence
         }
 
     def step(self, tokens: torch.Tensor, state: dict, need_attention: bool = False):
-        """tokens (B,) -> (logits (B, V), new state, head-averaged last-layer cross-attention (B, S) or None)."""
+        """tokens (N,) -> (logits (N, V), new state, head-averaged last-layer cross-attention (N, S) or None)."""
         x = self._embed(self.tgt_embed, tokens[:, None], state["pos"])  # (B, 1, D)
         new_self_kv, cross = [], None
         for layer, self_kv, cross_kv in zip(self.decoder, state["self_kv"], state["cross_kv"]):
-            x, kv, _, cross = layer(x, self_kv, cross_kv, state["src_mask"], need_attention)
+            x, kv, _, cross = layer(x, self_kv, cross_kv, state["src_mask"], need_attention, state["group"])
             new_self_kv.append(kv)
         logits = self.output(self.dec_norm(x[:, 0]))  # (B, V)
         new_state = {**state, "self_kv": new_self_kv, "pos": state["pos"] + 1}
         return logits, new_state, (cross[:, :, 0].mean(1) if need_attention else None)
 
-    select = staticmethod(select)
+    def select(self, state: dict, index: torch.Tensor) -> dict:
+        """Keep or repeat rows (N',); the per-sentence part moves only when the sentences change."""
+        return select_grouped(state, index, ("self_kv",), ("src_mask", "cross_kv"), state["src_mask"].size(0))
