@@ -1,0 +1,171 @@
+"""Decoding speed: attnmt's search on trained models, and side by side with Hugging Face and CTranslate2.
+
+    python scripts/bench_decode.py --models runs/multi30k_de_en_transformer runs/multi30k_de_en_lstm
+    python scripts/bench_decode.py --equal-work --peers      # + HF generate and CTranslate2 in one run
+
+Part 1 (``--models``): sentences/s and generated tokens/s of greedy and beam-5 search on the 1,000
+test_2016_flickr sentences, batches of 64 in file order, with each trained model.
+
+Part 2 (``--equal-work``): equal work for every engine, as ``../shared/peers/decode_speed.py`` measures
+the peers: random weights, 3+3 layers, d_model 256, 4 heads, ff 1024, vocabulary 8,000, tied
+embeddings, the same 1,000 sentences in the same batches of 64, and every output forced to exactly 30
+new tokens (attnmt: ``min_len = 30`` and the limit ``max_len_a = 0, max_len_b = 30``; attnmt's search
+then takes one more step to score the forced EOS, which the peers' forced lengths do not, so attnmt
+does 31/30 of their work). ``--peers`` runs that script in the peers' virtual environment
+(``bash ../shared/peers/setup.sh``) in the same invocation, right after attnmt.
+
+Each configuration: one warm-up batch, then the median of ``--runs`` full passes. ``--threads`` (2)
+torch threads everywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+TEST_DE = SHARED / "data" / "multi30k" / "test_2016_flickr.de.gz"
+
+
+def read_sources(path: Path) -> list[str]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as handle:
+        return handle.read().split("\n")[:-1]
+
+
+def time_search(model, id_batches, beam: int, runs: int, **limits) -> dict:
+    """Median seconds of a full pass over ``id_batches`` (file-order batches), after one warm-up batch."""
+    import torch
+
+    from attnmt.batching import collate
+    from attnmt.decode import beam_search, greedy_search
+
+    def one_pass(batches) -> int:
+        generated = 0
+        for ids in batches:
+            batch = collate(ids)
+            if beam == 1:
+                hyps = [[h] for h in greedy_search(model, batch.src, batch.src_mask, **limits)]
+            else:
+                hyps = beam_search(model, batch.src, batch.src_mask, beam_size=beam, nbest=1, length_penalty=1.0, **limits)
+            generated += sum(len(h[0].tokens) for h in hyps)
+        return generated
+
+    with torch.inference_mode():
+        one_pass(id_batches[:1])
+        times, generated = [], 0
+        for _ in range(runs):
+            start = time.perf_counter()
+            generated = one_pass(id_batches)
+            times.append(time.perf_counter() - start)
+    n = sum(len(b) for b in id_batches)
+    median = statistics.median(times)
+    return {"beam": beam, "median_s": round(median, 3), "runs_s": [round(t, 3) for t in times],
+            "sents_per_s": round(n / median, 1), "gen_tokens_per_s": round(generated / median, 1), "gen_tokens": generated}
+
+
+def trained(paths: list[Path], runs: int, batch_size: int) -> list[dict]:
+    from attnmt.checkpoint import load_model
+    from attnmt.data import clean
+
+    rows = []
+    lines = read_sources(TEST_DE)
+    for path in paths:
+        model, tokenizer, cfg, ckpt = load_model(path)
+        ids = tokenizer.encode_src([clean(x) for x in lines])
+        batches = [ids[i : i + batch_size] for i in range(0, len(ids), batch_size)]
+        d = cfg.decode
+        for beam in (1, 5):
+            result = time_search(model, batches, beam, runs, max_len_a=d.max_len_a, max_len_b=d.max_len_b)
+            rows.append({"engine": f"attnmt {cfg.model.arch} ({ckpt.name})", **result})
+            print("RESULT " + json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def equal_work(runs: int, batch_size: int, length: int) -> list[dict]:
+    import torch
+
+    from attnmt.config import TransformerConfig
+    from attnmt.data import clean
+    from attnmt.models import build_model
+    from attnmt.tokenizer import load_tokenizer
+
+    torch.manual_seed(0)
+    cfg = TransformerConfig(arch="transformer", d_model=256, n_heads=4, enc_layers=3, dec_layers=3, d_ff=1024,
+                            dropout=0.1, share_embeddings=True, tie_output=True)
+    model = build_model(cfg, 8000, 8000).eval()
+    tokenizer_dir = REPO / "runs" / "multi30k_de_en_transformer" / "tokenizer"
+    lines = read_sources(TEST_DE)
+    if tokenizer_dir.exists():
+        ids = load_tokenizer(tokenizer_dir).encode_src([clean(x) for x in lines])
+    else:  # any 8,000-piece segmentation of similar length does the same work
+        sys.exit(f"no Multi30k tokenizer at {tokenizer_dir}: run attnmt prepare configs/multi30k_de_en_transformer.yaml")
+    batches = [ids[i : i + batch_size] for i in range(0, len(ids), batch_size)]
+    rows = []
+    for beam in (1, 5):
+        result = time_search(model, batches, beam, runs, max_len_a=0.0, max_len_b=length, min_len=length)
+        assert result["gen_tokens"] == length * len(lines), result  # exactly `length` tokens, EOS forced after
+        rows.append({"engine": "attnmt (random weights)", **result})
+        print("RESULT " + json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def peers(runs: int, batch_size: int, length: int, threads: int) -> list[dict]:
+    anchors = Path(os.environ.get("ANCHORS_DIR", Path.home() / ".cache" / "attnmt-anchors"))
+    python = anchors / "venv" / "bin" / "python"
+    if not python.exists():
+        print(f"peers: no venv at {anchors}/venv (bash {SHARED}/peers/setup.sh)", file=sys.stderr)
+        return []
+    out = subprocess.run(
+        [str(python), str(SHARED / "peers" / "decode_speed.py"), "--runs", str(runs), "--batch-size", str(batch_size),
+         "--length", str(length), "--threads", str(threads)],
+        capture_output=True, text=True,
+    )
+    rows = [json.loads(m.group(1)) for m in re.finditer(r"^RESULT (\{.*\})$", out.stdout, re.M)]
+    if not rows:
+        print(f"peers failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}", file=sys.stderr)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", nargs="*", type=Path, default=[])
+    ap.add_argument("--equal-work", action="store_true")
+    ap.add_argument("--peers", action="store_true", help="with --equal-work: also HF generate and CTranslate2")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--length", type=int, default=30)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    rows = trained(args.models, args.runs, args.batch_size) if args.models else []
+    if args.equal_work:
+        mine = equal_work(args.runs, args.batch_size, args.length)
+        rows += mine
+        if args.peers:
+            theirs = peers(args.runs, args.batch_size, args.length, args.threads)
+            rows += theirs
+            for beam in (1, 5):
+                ours = next(r for r in mine if r["beam"] == beam)
+                for r in theirs:
+                    if r["beam"] == beam:
+                        print(f"beam {beam}: attnmt / {r['engine']} = {ours['sents_per_s'] / r['sents_per_s']:.2f}x")
+    print(f"\n{'engine':<44}{'beam':>5}{'sent/s':>9}{'tok/s':>10}{'median s':>10}")
+    for r in rows:
+        print(f"{r['engine']:<44}{r['beam']:>5}{r['sents_per_s']:>9.1f}{r['gen_tokens_per_s']:>10.1f}{r['median_s']:>10.2f}")
+
+
+if __name__ == "__main__":
+    main()
