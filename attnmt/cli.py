@@ -9,6 +9,7 @@ stderr and the exit code of its class (``errors.py``). Anything else is a bug: o
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import sys
@@ -18,7 +19,7 @@ from typing import Annotated
 
 import typer
 
-from .errors import AttnmtError, ConfigError
+from .errors import AttnmtError, ConfigError, DataError
 
 app = typer.Typer(
     name="attnmt",
@@ -162,10 +163,6 @@ def toy_data(
         typer.echo(f"wrote {len(files)} files to {out_dir}")
 
     _guard(body)
-
-
-def _not_yet(command: str, issue: int) -> None:
-    _fail(f"`attnmt {command}` is not available in this version yet (tracked as issue {issue})", ConfigError.exit_code)
 
 
 @app.command()
@@ -456,16 +453,290 @@ def eval_(
     _guard(body)
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def plot(ctx: typer.Context) -> None:
-    """Draw attention heatmaps of translated sentences. (not available yet)"""
-    _not_yet("plot", 6)
+FormatOpt = Annotated[str, typer.Option("--format", help="Figure format: png, svg or pdf.")]
+DpiOpt = Annotated[int, typer.Option("--dpi", min=10, max=1200, help="Resolution of png figures (dots per inch).")]
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def align(ctx: typer.Context) -> None:
-    """Extract word alignments from attention and score them. (not available yet)"""
-    _not_yet("align", 6)
+def _layer_choice(option: str, value: int | None, n_layers: int, what: str) -> int | None:
+    """A 1-based --layer/--head value checked against the model; returned 0-based."""
+    if value is None:
+        return None
+    if not 1 <= value <= n_layers:
+        raise ConfigError(f"{option} {value}: the model has {n_layers} {what} (1..{n_layers})")
+    return value - 1
+
+
+@app.command()
+def plot(
+    model: ModelArg,
+    sentences: Annotated[list[str] | None, typer.Argument(help="Sentences to translate and draw (else --input).", show_default=False)] = None,
+    input_: Annotated[Path | None, typer.Option("--input", "-i", help="A file of sentences, or - for stdin.")] = None,
+    limit: Annotated[int | None, typer.Option("--limit", min=1, help="Draw only the first N sentences.")] = None,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder to write the figures into.", show_default=False)] = ...,
+    layer: Annotated[int | None, typer.Option("--layer", min=1, help="Only this layer (1-based; default: every layer).")] = None,
+    head: Annotated[int | None, typer.Option("--head", min=1, help="Only this head (1-based; default: every head and their average).")] = None,
+    self_: Annotated[bool, typer.Option("--self", help="Also draw encoder and decoder self-attention (Transformer).")] = False,
+    words: Annotated[bool, typer.Option("--words", help="Label words instead of pieces (source pieces summed, target pieces averaged).")] = False,
+    fmt: FormatOpt = "png",
+    dpi: DpiOpt = 100,
+    beam_size: BeamOpt = None,
+    device: DeviceOpt = "auto",
+) -> None:
+    """Translate sentences, then draw the model's attention on each sentence and its translation.
+
+    The translation is read back under teacher forcing, so every layer and head is there: an LSTM's one
+    attention map; a Transformer's cross-attention per layer as a grid of heads and their average (and with
+    --self its encoder and decoder self-attention). Files: NNNN_cross_layerL.png, NNNN_enc_self_layerL.png, ...
+    """
+
+    def body() -> None:
+        import time
+
+        from .attention_maps import teacher_forced_attention
+        from .data import clean
+        from .plot import FORMATS, KIND_TITLES, HeatmapFigure, sentence_maps
+
+        if fmt not in FORMATS:
+            raise ConfigError(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
+        if sentences and input_ is not None:
+            raise ConfigError("give sentences as arguments or --input, not both")
+        if out.exists() and not out.is_dir():
+            raise ConfigError(f"--out {out} is a file; give a folder")
+        translator, cfg, _ = _translator(model, beam_size, 1, None, device, None)
+        n_layers, n_heads = _attention_shape(cfg.model)
+        if self_ and cfg.model.arch != "transformer":
+            raise ConfigError(f"--self: a {cfg.model.arch} model has no self-attention to draw")
+        kinds = ["cross", "enc_self", "dec_self"] if self_ else ["cross"]
+        layers = {kind: _layer_choice("--layer", layer, n_layers[kind], f"{KIND_TITLES[kind]} layers") for kind in kinds}
+        head_index = _layer_choice("--head", head, n_heads, "attention heads")
+        lines = iter(sentences) if sentences else _input_lines(input_)
+        started = time.perf_counter()
+        tokenizer, painter = translator.tokenizer, HeatmapFigure()
+        written, number, truncated = 0, 0, 0
+        for chunk in _chunks(itertools.islice(lines, limit), CHUNK_LINES):
+            texts = [clean(line) for line in chunk]
+            todo = [i for i, text in enumerate(texts) if text]
+            encoded = tokenizer.encode_src([texts[i] for i in todo])
+            truncated += sum(len(ids) > translator.max_src_len for ids in encoded)
+            encoded = [ids[: translator.max_src_len] for ids in encoded]
+            hyps = [found[0].tokens for found in translator.search(encoded)]
+            maps = teacher_forced_attention(translator.model, encoded, hyps, translator.device, translator.max_tokens, kinds)
+            for k, i in enumerate(todo):
+                src_pieces = tokenizer.src_pieces(encoded[k]) + ["</s>"]
+                tgt_pieces = tokenizer.tgt_pieces(hyps[k])
+                labels = {"cross": (src_pieces, tgt_pieces + ["</s>"]), "enc_self": (src_pieces, src_pieces),
+                          "dec_self": (["<s>"] + tgt_pieces, ["<s>"] + tgt_pieces)}
+                for kind in kinds:
+                    chosen = [layers[kind]] if layers[kind] is not None else None
+                    written += len(sentence_maps(out, number + i + 1, {kind: maps[k][kind]}, labels, chosen, head_index, words,
+                                                 fmt, dpi, painter=painter))
+            number += len(chunk)
+        if number == 0:
+            raise DataError("no sentences to draw")
+        seconds = time.perf_counter() - started
+        typer.echo(f"wrote {written} figures of {number} sentence(s) to {out} in {seconds:.1f} s")
+        if truncated:
+            sys.stderr.write(f"warning: {truncated} line(s) longer than decode.max_src_len pieces were truncated\n")
+
+    _guard(body)
+
+
+def _attention_shape(model_cfg) -> tuple[dict[str, int], int]:
+    """({kind: layers}, heads) of a model config: an LSTM has one single-head cross-attention."""
+    if model_cfg.arch == "transformer":
+        layers = {"cross": model_cfg.dec_layers, "enc_self": model_cfg.enc_layers, "dec_self": model_cfg.dec_layers}
+        return layers, model_cfg.n_heads
+    return {"cross": 1}, 1
+
+
+def _words_to_pieces(encode, lines: list[str]) -> tuple[list[list[int]], list[list[list[int]]]]:
+    """Pre-tokenised lines (words split on spaces) -> (piece ids of each line, the piece positions of each
+    word). Words are encoded one by one, so a word's pieces are exactly its own; a word that encodes to
+    nothing (say, a lone zero-width space) gets the unknown piece, so every word keeps its index."""
+    from .data import clean
+    from .tokenizer import UNK_ID
+
+    words = [clean(line).split() for line in lines]
+    flat = [w for line_words in words for w in line_words]
+    encoded = iter(encode(flat) if flat else [])
+    ids: list[list[int]] = []
+    groups: list[list[list[int]]] = []
+    for line_words in words:
+        line_ids: list[int] = []
+        line_groups: list[list[int]] = []
+        for _ in line_words:
+            pieces = next(encoded) or [UNK_ID]
+            line_groups.append(list(range(len(line_ids), len(line_ids) + len(pieces))))
+            line_ids.extend(pieces)
+        ids.append(line_ids)
+        groups.append(line_groups)
+    return ids, groups
+
+
+def _layer_or_avg(value: str) -> int | None:
+    """--layer: a 1-based layer number, last, or avg (every layer and head averaged); returned as a
+    0-based index (-1 for last) or None for avg."""
+    choice = value.strip().lower()
+    if choice in ("avg", "average", "mean"):
+        return None
+    if choice == "last":
+        return -1
+    try:
+        number = int(choice)
+    except ValueError:
+        raise ConfigError(f"--layer {value!r}: expected a layer number (1, 2, ...), last or avg") from None
+    if number < 1:
+        raise ConfigError(f"--layer {value}: layers count from 1")
+    return number - 1
+
+
+@app.command()
+def align(
+    model: ModelArg,
+    src: Annotated[Path, typer.Option("--src", help="Source sentences, one per line (words split on spaces).", show_default=False)],
+    tgt: Annotated[Path | None, typer.Option("--tgt", help="Target sentences to align with (default: the model's own translations).")] = None,
+    gold: Annotated[Path | None, typer.Option("--gold", help="Gold alignments (Pharaoh: i-j sure, i?j or ipj possible) to score against.")] = None,
+    layer: Annotated[str, typer.Option("--layer", help="Cross-attention layer to align with: 1, 2, ..., last, or avg (over layers and heads).")] = "last",
+    method: Annotated[str, typer.Option("--method", help="argmax: each target word's most attended source word; threshold: every weight >= --threshold.")] = "argmax",
+    threshold: Annotated[float, typer.Option("--threshold", help="Weight a link needs with --method threshold (0 < X <= 1).")] = 0.3,
+    one_based: Annotated[bool, typer.Option("--one-based", help="Word indices in --gold and in the output count from 1.")] = False,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the alignments here (atomically).")] = None,
+    hyp_out: Annotated[Path | None, typer.Option("--hyp-out", help="Without --tgt: also write the translations that were aligned.")] = None,
+    json_: Annotated[bool, typer.Option("--json", help="With --gold: print the scores as JSON.")] = False,
+    beam_size: BeamOpt = None,
+    device: DeviceOpt = "auto",
+) -> None:
+    """Word alignments from cross-attention under teacher forcing, in Pharaoh format (one line per pair).
+
+    Words are the space-separated tokens of each line; the attention over a word's pieces is merged
+    (source pieces summed, target pieces averaged). With --gold, print AER, precision and recall
+    (Och & Ney 2003); the alignments are then written only with --output.
+    """
+
+    def body() -> None:
+        import json
+
+        from .attention_maps import alignment_matrix, teacher_forced_attention
+        from .data import read_lines
+        from .plot import alignment_scores, extract_alignment, format_pharaoh, merge_groups, parse_pharaoh
+        from .runfiles import atomic_write_text
+
+        if method not in ("argmax", "threshold"):
+            raise ConfigError(f"--method {method!r}: expected argmax or threshold")
+        if not 0 < threshold <= 1:
+            raise ConfigError(f"--threshold {threshold}: expected a weight in (0, 1]")
+        if gold is not None and tgt is None:
+            raise ConfigError("--gold needs --tgt: gold links refer to the target sentences they were made for")
+        if hyp_out is not None and tgt is not None:
+            raise ConfigError("--hyp-out writes the model's own translations; it cannot be used with --tgt")
+        layer_index = _layer_or_avg(layer)
+        for flag, path in (("--output", output), ("--hyp-out", hyp_out)):
+            _refuse_overwrite(flag, path, [src, tgt, gold, model])
+        sources = list(read_lines(src))
+        targets = list(read_lines(tgt)) if tgt is not None else None
+        if targets is not None and len(targets) != len(sources):
+            raise DataError(f"{src} has {len(sources)} lines, {tgt} has {len(targets)}")
+        gold_links = []
+        if gold is not None:
+            gold_lines = list(read_lines(gold))
+            if len(gold_lines) != len(sources):
+                raise DataError(f"{src} has {len(sources)} lines, {gold} has {len(gold_lines)}")
+            for number, line in enumerate(gold_lines, start=1):
+                try:
+                    gold_links.append(parse_pharaoh(line, one_based))
+                except ValueError as e:
+                    raise DataError(f"{gold}:{number}: {e}") from None
+        translator, cfg, _ = _translator(model, beam_size, 1, None, device, None)
+        n_layers = _attention_shape(cfg.model)[0]["cross"]
+        if layer_index is not None and layer_index >= n_layers:
+            raise ConfigError(f"--layer {layer}: the model has {n_layers} cross-attention layer(s) (1..{n_layers}, or avg)")
+        if targets is None:
+            targets = [t.outputs[0][0] for t in translator.translate(sources)]
+            if hyp_out is not None:
+                atomic_write_text(hyp_out, "".join(t + "\n" for t in targets))
+        tokenizer = translator.tokenizer
+        src_ids, src_groups = _words_to_pieces(tokenizer.encode_src, sources)
+        tgt_ids, tgt_groups = _words_to_pieces(tokenizer.encode_tgt, targets)
+        for i, (_, possible) in enumerate(gold_links):
+            n_src, n_tgt = len(src_groups[i]), len(tgt_groups[i])
+            outside = sorted(link for link in possible if link[0] >= n_src or link[1] >= n_tgt)
+            if outside:
+                shown = format_pharaoh(outside[:1], one_based)
+                raise DataError(f"{gold}:{i + 1}: link {shown} is outside the pair ({n_src} source words, {n_tgt} target words)")
+        pairs = [i for i in range(len(sources)) if src_ids[i] and tgt_ids[i]]
+        maps = teacher_forced_attention(translator.model, [src_ids[i] for i in pairs], [tgt_ids[i] for i in pairs],
+                                        translator.device, translator.max_tokens, ["cross"])
+        alignments: list[list[tuple[int, int]]] = [[] for _ in sources]
+        for i, pair_maps in zip(pairs, maps):
+            matrix = alignment_matrix(pair_maps, layer_index)[:-1, :-1]  # (T, S) without the EOS row and column
+            words = merge_groups(matrix, tgt_groups[i], src_groups[i])  # (target words, source words)
+            alignments[i] = extract_alignment(words, method, threshold)
+        text = "".join(format_pharaoh(links, one_based) + "\n" for links in alignments)
+        if output is not None:
+            atomic_write_text(output, text)
+        elif gold is None:
+            sys.stdout.write(text)
+        if gold is None:
+            return
+        score = alignment_scores(alignments, [s for s, _ in gold_links], [p for _, p in gold_links])
+        if json_:
+            typer.echo(json.dumps({"aer": round(score.aer, 6), "precision": round(score.precision, 6), "recall": round(score.recall, 6),
+                                   "predicted": score.predicted, "sure": score.sure, "possible": score.possible,
+                                   "sentences": score.sentences, "layer": layer, "method": method}))
+            return
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table("AER", "precision", "recall", "links", "sure", "possible", "sentences",
+                      title=f"alignment of {src} with layer {layer}, {method}", title_justify="left")
+        table.add_row(f"{score.aer:.2%}", f"{score.precision:.2%}", f"{score.recall:.2%}", str(score.predicted), str(score.sure),
+                      str(score.possible), str(score.sentences))
+        Console().print(table)
+
+    _guard(body)
+
+
+@app.command("plot-curves")
+def plot_curves(
+    run_dir: Annotated[Path, typer.Argument(help="A run folder (its metrics.jsonl, and plots/ for --gif).", show_default=False)],
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="The PNG to write (default: RUN_DIR/curves.png).")] = None,
+    gif: Annotated[bool, typer.Option("--gif", help="Also animate the heatmaps written during training (train.plot_every) as GIFs.")] = False,
+) -> None:
+    """Training curves (train loss, dev loss, dev BLEU and chrF against the step) as one PNG."""
+
+    def body() -> None:
+        from .plot import assemble, curves_figure, read_metrics, save_figure
+        from .runfiles import RunDir
+
+        run = RunDir(run_dir)
+        if not run.root.is_dir():
+            raise DataError(f"{run_dir}: no such run folder")
+        if not run.metrics.is_file():
+            raise DataError(f"{run.metrics}: not found (has this run trained yet?)")
+        try:
+            fig = curves_figure(read_metrics(run.metrics), title=str(run.root.name))
+        except ValueError as e:
+            raise DataError(f"{run.metrics}: {e}") from None
+        except UnicodeDecodeError as e:
+            raise DataError(f"{run.metrics}: invalid UTF-8 at byte offset {e.start}") from None
+        target = out if out is not None else run.root / "curves.png"
+        if target.is_dir():
+            raise ConfigError(f"--out {target} is a folder; give a file name")
+        save_figure(fig, target, "png")
+        typer.echo(f"wrote {target}")
+        if not gif:
+            return
+        frames: dict[str, list[Path]] = {}
+        for step_dir in sorted((run.root / "plots").glob("step_*")):
+            for png in sorted(step_dir.glob("*.png")):
+                frames.setdefault(png.name, []).append(png)
+        if not frames:
+            raise DataError(f"{run.root / 'plots'}: no heatmaps from training (train them with --set train.plot_every=1)")
+        for name, paths in frames.items():
+            animation = assemble(paths, run.root / "plots" / (Path(name).stem + ".gif"))
+            typer.echo(f"wrote {animation} ({len(paths)} frames)")
+
+    _guard(body)
 
 
 @app.command()

@@ -317,6 +317,7 @@ class TrainConfig(Section):
     """Stop after this many validations without improvement; 0 = never."""
     max_nonfinite: PositiveInt = 10
     plot_every: Annotated[int, Field(strict=True, ge=0)] = 0
+    """Every N-th validation, draw the attention on the first dev sentences into RUN/plots/step_XXXXXXXX/; 0 = never."""
     tensorboard: Bool = False
 
 

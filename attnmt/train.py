@@ -28,6 +28,7 @@ import torch
 import torch.distributed as torch_dist
 
 from . import __version__
+from .attention_maps import teacher_forced_attention
 from .batching import Batch, TokenBatchSampler, collate
 from .checkpoint import (
     FORMAT,
@@ -486,6 +487,9 @@ class Trainer:
             result = self.validate()
             self.record("valid", result)
             score = result[metric]
+            validation_number = -(-p.step // self.tc.eval_every)  # ceil: the last, off-grid validation counts as the next
+            if self.tc.plot_every and validation_number % self.tc.plot_every == 0:
+                self.plot_dev()
         score = self.dist.all_sum([score])[0]
         self._last_eval = p.step
         higher = metric != "loss"
@@ -505,6 +509,31 @@ class Trainer:
                 write_pointer(self.run, "best", {**p.best[0], "metric": metric, "checkpoints": p.best})
                 prune_checkpoints(self.run, self.tc.keep_last)
         return bool(self.tc.patience) and p.evals_without_improvement >= self.tc.patience
+
+    PLOT_SENTENCES = 3
+
+    def plot_dev(self) -> None:
+        """Heatmaps of the cross-attention on the first dev sentences and their translations, into
+        ``plots/step_XXXXXXXX/`` (rank 0). Looking inside is a side show: a failure is logged, never raised."""
+        step = self.progress.step
+        try:
+            from .plot import HeatmapFigure, sentence_maps
+
+            src_ids = self.dev_data.src_ids[: self.PLOT_SENTENCES]
+            d = self.cfg.decode
+            translator = Translator(self.model, self.tokenizer, self.tc.valid_beam_size, 1, d.length_penalty, d.max_len_a,
+                                    d.max_len_b, d.min_len, d.max_src_len, d.max_tokens, self.device)
+            self.model.eval()
+            hyps = [found[0].tokens for found in translator.search(src_ids)]
+            maps = teacher_forced_attention(self.model, src_ids, hyps, self.device, d.max_tokens, ["cross"])
+            out, painter = self.run.root / "plots" / f"step_{step:08d}", HeatmapFigure()
+            for number, (src, hyp, pair_maps) in enumerate(zip(src_ids, hyps, maps), start=1):
+                labels = {"cross": (self.tokenizer.src_pieces(src) + ["</s>"], self.tokenizer.tgt_pieces(hyp) + ["</s>"])}
+                sentence_maps(out, number, pair_maps, labels, title=f"step {step}: ", painter=painter)
+        except Exception as e:  # any failure: training goes on
+            log.warning("step %d: could not plot the dev attention: %s: %s", step, type(e).__name__, e)
+        finally:
+            self.model.train()
 
     # ---------------------------------------------------------------- checkpoints
 

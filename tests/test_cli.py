@@ -24,14 +24,6 @@ from attnmt.cli import app
 from attnmt.config import load_config
 
 COMMANDS = ["prepare", "train", "translate", "eval", "plot", "align", "average", "info"]
-# Commands that are listed but not built yet say so in their help text.
-NOT_YET = sorted(
-    cmd.name or cmd.callback.__name__
-    for cmd in app.registered_commands
-    if "not available yet" in (cmd.callback.__doc__ or "")
-)
-
-
 def invoke(*args):
     return CliRunner().invoke(app, [str(a) for a in args])
 
@@ -218,14 +210,6 @@ def test_version():
 def test_unknown_command_is_a_usage_error():
     result = invoke("prepair")
     assert result.exit_code == 2 and "Traceback" not in result.output
-
-
-@pytest.mark.parametrize("command", NOT_YET)
-def test_commands_not_built_yet_fail_with_one_line(command, tmp_path):
-    result = invoke(command, "anything", "--flag")
-    assert result.exit_code != 0
-    assert "not available" in assert_one_error_line(result.stderr)
-    assert result.stdout == ""
 
 
 # ------------------------------------------------------------------------------------ quiet imports

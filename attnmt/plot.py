@@ -1,0 +1,582 @@
+"""Looking inside: attention heatmaps, word alignments and training curves, from arrays and strings only.
+
+Letters: H heads, T target (query) positions, S source (key) positions.
+
+Nothing here imports model code or torch: every function takes numpy arrays, token labels or the
+files of a run, so it works on the output of an earlier run as well as inside ``attnmt train``.
+Figures are ``matplotlib.figure.Figure`` objects drawn by the Agg canvas; nothing touches pyplot or
+``rcParams``. Labels are drawn as plain text (``parse_math=False``: a ``$`` or ``\\`` in a piece is
+never mathtext); a label with characters the default font lacks is drawn in a CJK font when one is
+installed (the ``noto-cjk-sans-otc`` package, else a system font), otherwise with missing-glyph boxes,
+and matplotlib's "Glyph missing" warnings are silenced while drawing.
+
+Alignments follow the Pharaoh format: ``i-j`` links source word i to target word j (sure), ``i?j`` or
+``ipj`` is a possible link; indices count from 0 unless one-based. Quality is the alignment error rate
+of Och & Ney (2003, sec. 4): with sure links S, possible links P (P includes S) and predicted links A,
+precision = |A ∩ P| / |A|, recall = |A ∩ S| / |S|, AER = 1 - (|A ∩ S| + |A ∩ P|) / (|A| + |S|).
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import json
+import math
+import os
+import re
+import unicodedata
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.font_manager import FontProperties
+from matplotlib.transforms import offset_copy
+
+FORMATS = ("png", "svg", "pdf")
+WORD_START = "\u2581"  # sentencepiece's mark of a piece that begins a word
+SPECIAL_PIECES = frozenset({"<s>", "</s>", "<pad>"})
+
+# Sizes in inches (points for fonts): a cell per token, a cap on the whole figure.
+CELL = 0.2
+MIN_PANEL = 1.0
+MAX_FIGURE = 20.0
+FONT_SIZE = 8.0
+MIN_FONT_SIZE = 3.0
+MAX_LABEL_CHARS = 24
+X_ROTATION = 60
+CMAP = "viridis"
+
+
+# ------------------------------------------------------------------------------------------- fonts
+
+
+@functools.lru_cache(maxsize=1)
+def _default_charmap() -> frozenset[int]:
+    """Code points of the font matplotlib draws plain text with (DejaVu Sans unless configured)."""
+    from matplotlib.font_manager import findfont, get_font
+
+    try:
+        return frozenset(get_font(findfont(FontProperties())).get_charmap())
+    except (OSError, RuntimeError, ValueError):
+        return frozenset(range(128))
+
+
+@functools.lru_cache(maxsize=1)
+def cjk_font_path() -> str | None:
+    """A font file with CJK glyphs: the ``noto-cjk-sans-otc`` package's, else an installed system font
+    (Noto/Source Han CJK, WenQuanYi, Droid Sans Fallback, ...); None when there is none."""
+    import importlib.util
+
+    candidates: list[str] = []
+    spec = importlib.util.find_spec("noto_cjk_sans_otc")  # located, not imported
+    if spec is not None and spec.submodule_search_locations:
+        candidates += [str(Path(p) / "NotoSansCJK-Regular.ttc") for p in spec.submodule_search_locations]
+    from matplotlib.font_manager import findSystemFonts
+
+    hints = ("cjk", "wqy", "wenquanyi", "droidsansfallback", "sourcehan", "notosanssc", "notosansjp", "ukai", "uming")
+    candidates += sorted(p for p in findSystemFonts() if any(h in Path(p).name.lower().replace("-", "") for h in hints))
+    for path in candidates:
+        if _has_glyph(path, "中"):
+            return path
+    return None
+
+
+def _has_glyph(path: str, char: str) -> bool:
+    from matplotlib.font_manager import get_font
+
+    try:
+        return os.path.isfile(path) and ord(char) in get_font(path).get_charmap()
+    except (OSError, RuntimeError, ValueError):
+        return False
+
+
+def _font_for(label: str, size: float) -> FontProperties:
+    """The default font, or the CJK font for a label the default font cannot draw (when one is installed)."""
+    default = _default_charmap()
+    needs_other = not all(ord(c) in default for c in label)
+    return _font(cjk_font_path() if needs_other else None, size)
+
+
+@functools.lru_cache(maxsize=64)
+def _font(path: str | None, size: float) -> FontProperties:
+    return FontProperties(fname=path, size=size) if path else FontProperties(size=size)
+
+
+def _label_units(label: str) -> float:
+    """Width of a label in ems (roughly): wide East Asian characters take one em, others 0.62."""
+    return sum(1.0 if unicodedata.east_asian_width(c) in "WF" else 0.62 for c in label)
+
+
+def shorten(label: str, limit: int = MAX_LABEL_CHARS) -> str:
+    return label if len(label) <= limit else label[: limit - 1] + "…"
+
+
+# ---------------------------------------------------------------------------------------- heatmaps
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where the panels of one figure go (inches)."""
+
+    width: float
+    height: float
+    rows: int
+    cols: int
+    panel_w: float
+    panel_h: float
+    left: float
+    bottom: float
+    wgap: float
+    hgap: float
+    font_size: float
+
+
+def layout(n_panels: int, n_rows: int, n_cols: int, row_labels: Sequence[str], col_labels: Sequence[str]) -> Layout:
+    """A figure size that grows with the sentence (``CELL`` inches per token) up to ``MAX_FIGURE``
+    inches a side; beyond that the cells and the font shrink."""
+    cols = n_panels if n_panels <= 3 else math.ceil(math.sqrt(n_panels))
+    rows = math.ceil(n_panels / cols)
+    font = FONT_SIZE
+    panel_w, panel_h = max(n_cols * CELL, MIN_PANEL), max(n_rows * CELL, MIN_PANEL)
+    for _ in range(2):
+        em = font / 72
+        y_text = max((_label_units(s) for s in row_labels), default=1) * em
+        x_text = max((_label_units(s) for s in col_labels), default=1) * em
+        left = y_text + 0.45  # tick labels, the axis title
+        bottom = x_text * math.sin(math.radians(X_ROTATION)) + em + 0.45
+        top, right = 0.55, 0.9  # the title and panel titles; the colour bar
+        wgap, hgap = 0.15, 0.3
+        fixed_w = left + right + (cols - 1) * wgap
+        fixed_h = bottom + top + (rows - 1) * hgap
+        scale = min(1.0, (MAX_FIGURE - fixed_w) / (cols * panel_w), (MAX_FIGURE - fixed_h) / (rows * panel_h))
+        if scale >= 1.0:
+            break
+        scale = max(scale, 0.05)
+        panel_w, panel_h = panel_w * scale, panel_h * scale
+        cell = min(panel_w / max(n_cols, 1), panel_h / max(n_rows, 1))
+        font = max(MIN_FONT_SIZE, min(FONT_SIZE, cell * 72 * 0.85))
+    width = fixed_w + cols * panel_w
+    height = fixed_h + rows * panel_h
+    return Layout(width, height, rows, cols, panel_w, panel_h, left, bottom, wgap, hgap, font)
+
+
+class HeatmapFigure:
+    """One Figure for many heatmaps: when the next heatmap has as many panels as the last, its axes,
+    images, colour bar and tick objects are reused and only data, labels and sizes change (most of
+    matplotlib's time goes into creating those objects, not into drawing)."""
+
+    def __init__(self) -> None:
+        self.fig = Figure()
+        FigureCanvasAgg(self.fig)
+        self._panels = -1
+        self._axes: list = []
+        self._images: list = []
+        self._headings: list = []
+        self._cax = self._title = self._xlabel = self._ylabel = None
+
+    def draw(
+        self,
+        panels: np.ndarray,
+        col_labels: Sequence[str],
+        row_labels: Sequence[str],
+        panel_titles: Sequence[str | None] | None = None,
+        title: str | None = None,
+        xlabel: str = "source",
+        ylabel: str = "target",
+    ) -> Figure:
+        """Heatmaps of attention weights: ``panels`` (T, S) or (P, T, S), e.g. the heads of a layer and
+        their average; rows are queries (``row_labels``, T), columns keys (``col_labels``, S).
+
+        Weights are drawn as they are on a fixed 0..1 scale (rows of attention already sum to 1; nothing
+        is renormalised), with one colour bar. Panels share their axes: the left column carries the row
+        labels, the bottom row the column labels."""
+        weights = np.asarray(panels, dtype=np.float32)
+        if weights.ndim == 2:
+            weights = weights[None]
+        if weights.ndim != 3:
+            raise ValueError(f"attention must be (T, S) or (panels, T, S), got shape {weights.shape}")
+        n, T, S = weights.shape
+        if len(row_labels) != T or len(col_labels) != S:
+            raise ValueError(f"attention is {T} x {S} but there are {len(row_labels)} row and {len(col_labels)} column labels")
+        titles = list(panel_titles) if panel_titles is not None else [None] * n
+        rows_text, cols_text = [shorten(s) for s in row_labels], [shorten(s) for s in col_labels]
+        lay = layout(n, T, S, rows_text, cols_text)
+        fig = self.fig
+        if n != self._panels:
+            self._build(n, weights)
+        fig.set_size_inches(lay.width, lay.height)
+        W, H = lay.width, lay.height
+        for k, (ax, image, heading) in enumerate(zip(self._axes, self._images, self._headings)):
+            r, c = divmod(k, lay.cols)
+            x0 = lay.left + c * (lay.panel_w + lay.wgap)
+            y0 = lay.bottom + (lay.rows - 1 - r) * (lay.panel_h + lay.hgap)
+            ax.set_position((x0 / W, y0 / H, lay.panel_w / W, lay.panel_h / H))
+            image.set_data(weights[k])
+            image.set_extent((-0.5, S - 0.5, T - 0.5, -0.5))
+            ax.set_xlim(-0.5, S - 0.5)
+            ax.set_ylim(T - 0.5, -0.5)
+            _ticks(ax, "x", S, cols_text if k + lay.cols >= n else None, lay.font_size)
+            _ticks(ax, "y", T, rows_text if c == 0 else None, lay.font_size)
+            heading.set_text(titles[k] or "")
+        grid_w = lay.cols * lay.panel_w + (lay.cols - 1) * lay.wgap
+        grid_h = lay.rows * lay.panel_h + (lay.rows - 1) * lay.hgap
+        self._cax.set_position(((W - 0.75) / W, lay.bottom / H, 0.15 / W, grid_h / H))
+        # Axis titles as figure text at fixed places: matplotlib's own would measure every tick label.
+        self._xlabel.set_text(xlabel)
+        self._xlabel.set_position(((lay.left + grid_w / 2) / W, 0.08 / H))
+        self._ylabel.set_text(ylabel)
+        self._ylabel.set_position((0.08 / W, (lay.bottom + grid_h / 2) / H))
+        self._title.set_text(title or "")
+        self._title.set_y(1 - 0.12 / H)
+        return fig
+
+    def _build(self, n: int, weights: np.ndarray) -> None:
+        fig = self.fig
+        fig.clear()
+        self._axes, self._images, self._headings = [], [], []
+        for k in range(n):
+            ax = fig.add_axes((0, 0, 1, 1))
+            for axis in (ax.xaxis, ax.yaxis):
+                axis.set_label_coords(0, 0)  # fixed: never measure the tick labels to place an (empty) axis title
+            # Labels without tick marks: each label sits at the centre of its row or column.
+            ax.tick_params(bottom=False, left=False, pad=1.5)
+            self._axes.append(ax)
+            self._images.append(ax.imshow(weights[k], cmap=CMAP, vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest"))
+            above = offset_copy(ax.transAxes, fig=fig, y=2, units="points")
+            self._headings.append(ax.text(0.5, 1.0, "", transform=above, ha="center", va="bottom", fontsize=FONT_SIZE, parse_math=False))
+        self._cax = fig.add_axes((0, 0, 1, 1))
+        fig.colorbar(self._images[0], cax=self._cax).ax.tick_params(labelsize=FONT_SIZE - 1)
+        self._title = fig.text(0.5, 1.0, "", ha="center", va="top", fontsize=FONT_SIZE + 1, parse_math=False)
+        self._xlabel = fig.text(0.5, 0.0, "", ha="center", va="bottom", fontsize=FONT_SIZE + 1, parse_math=False)
+        self._ylabel = fig.text(0.0, 0.5, "", ha="left", va="center", rotation=90, fontsize=FONT_SIZE + 1, parse_math=False)
+        self._panels = n
+
+
+def attention_figure(
+    panels: np.ndarray,
+    col_labels: Sequence[str],
+    row_labels: Sequence[str],
+    panel_titles: Sequence[str | None] | None = None,
+    title: str | None = None,
+    xlabel: str = "source",
+    ylabel: str = "target",
+) -> Figure:
+    """A new figure of ``HeatmapFigure.draw``: rows are ``row_labels`` (T), columns ``col_labels`` (S)."""
+    return HeatmapFigure().draw(panels, col_labels, row_labels, panel_titles, title, xlabel, ylabel)
+
+
+def _ticks(ax, axis: str, n: int, labels: Sequence[str] | None, size: float) -> None:
+    """One tick per token with plain-text labels (no mathtext), in a CJK font where needed, x rotated;
+    no ticks at all on an inner panel."""
+    set_ticks = ax.set_xticks if axis == "x" else ax.set_yticks
+    if labels is None:
+        set_ticks([])
+        return
+    options = {"rotation": X_ROTATION, "ha": "right", "rotation_mode": "anchor"} if axis == "x" else {}
+    set_ticks(range(n), labels, parse_math=False, fontsize=size, **options)
+    for text in ax.get_xticklabels() if axis == "x" else ax.get_yticklabels():
+        # Ticks are reused from figure to figure: set the font whenever it is not the plain default.
+        font = _font_for(text.get_text(), size)
+        if font.get_file() is not None or text.get_fontproperties().get_file() is not None:
+            text.set_fontproperties(font)
+
+
+def save_figure(fig: Figure, path: Path, fmt: str | None = None, dpi: int = 100) -> Path:
+    """Write ``fig`` as png, svg or pdf (from the suffix when ``fmt`` is None), atomically: a temporary
+    file in the same folder renamed into place, so a folder of plots only ever holds complete files."""
+    path = Path(path)
+    fmt = (fmt or path.suffix.lstrip(".")).lower()
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown figure format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        # A label with an emoji that no installed font has is drawn with a box: say nothing per glyph.
+        warnings.filterwarnings("ignore", message=r"Glyph \d+ .*missing from")
+        warnings.filterwarnings("ignore", message=r".*does not have a glyph for")
+        # Fast zlib level for PNG: a heatmap is mostly flat colour, so files stay small anyway.
+        extra = {"pil_kwargs": {"compress_level": 1}} if fmt == "png" else {}
+        fig.savefig(buffer, format=fmt, dpi=dpi, metadata=_metadata(fmt), **extra)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_bytes(buffer.getvalue())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def _metadata(fmt: str) -> dict:
+    # No creation date: the same figure gives the same bytes.
+    return {"Software": None} if fmt == "png" else {"Date": None} if fmt == "svg" else {"CreationDate": None}
+
+
+# ------------------------------------------------------------------------------- the maps of a sentence
+
+
+def head_panels(layer: np.ndarray, head: int | None = None) -> tuple[np.ndarray, list[str | None]]:
+    """The panels for one layer's weights (H, T, S): every head and their average, or just ``head``
+    (0-based); a one-head layer (the LSTM) is one panel."""
+    layer = np.asarray(layer)
+    if head is not None:
+        return layer[head : head + 1], [f"head {head + 1}"]
+    if layer.shape[0] == 1:
+        return layer, [None]
+    panels = np.concatenate([layer, layer.mean(0, keepdims=True)], axis=0)
+    return panels, [f"head {h + 1}" for h in range(layer.shape[0])] + ["average"]
+
+
+KIND_AXES = {"cross": ("source", "target"), "enc_self": ("source (keys)", "source"), "dec_self": ("target (keys)", "target")}
+KIND_TITLES = {"cross": "cross-attention", "enc_self": "encoder self-attention", "dec_self": "decoder self-attention"}
+
+
+def sentence_maps(
+    out_dir: Path,
+    number: int,
+    attention: dict[str, list[np.ndarray]],
+    labels: dict[str, tuple[Sequence[str], Sequence[str]]],
+    layers: Sequence[int] | None = None,
+    head: int | None = None,
+    words: bool = False,
+    fmt: str = "png",
+    dpi: int = 100,
+    title: str = "",
+    painter: HeatmapFigure | None = None,
+) -> list[Path]:
+    """Write the heatmaps of one sentence: for each kind in ``attention`` (``cross``, ``enc_self``,
+    ``dec_self``: one (H, T, S) array per layer) and each layer in ``layers`` (0-based; default all),
+    ``NNNN_<kind>_layer<L>[_head<H>].<fmt>``. ``labels[kind]`` is (column labels, row labels), as pieces;
+    with ``words`` the pieces are merged into words (``merge_words``). Returns the files written."""
+    painter = painter or HeatmapFigure()
+    written = []
+    for kind, per_layer in attention.items():
+        cols, rows = labels[kind]
+        for layer in range(len(per_layer)) if layers is None else layers:
+            panels, titles = head_panels(per_layer[layer], head)
+            col_text, row_text = list(cols), list(rows)
+            if words:
+                panels, row_text, col_text = merge_words(panels, row_text, col_text)
+            xlabel, ylabel = KIND_AXES.get(kind, ("keys", "queries"))
+            heading = f"{title}{KIND_TITLES.get(kind, kind)}, layer {layer + 1}" + (f", head {head + 1}" if head is not None else "")
+            fig = painter.draw(panels, col_text, row_text, titles, heading, xlabel, ylabel)
+            suffix = f"_head{head + 1}" if head is not None else ""
+            written.append(save_figure(fig, Path(out_dir) / f"{number:04d}_{kind}_layer{layer + 1}{suffix}.{fmt}", fmt, dpi))
+    return written
+
+
+# ------------------------------------------------------------------------------------------- words
+
+
+def word_groups(pieces: Sequence[str]) -> list[list[int]]:
+    """Positions of the pieces of each word: a piece starting with "▁" starts a word, ``<s>``/``</s>`` are
+    words of their own, any other piece continues the word before it."""
+    groups: list[list[int]] = []
+    open_word = False
+    for k, piece in enumerate(pieces):
+        if piece in SPECIAL_PIECES:
+            groups.append([k])
+            open_word = False
+        elif piece.startswith(WORD_START) or not open_word:
+            groups.append([k])
+            open_word = True
+        else:
+            groups[-1].append(k)
+    return groups
+
+
+def word_labels(pieces: Sequence[str], groups: Sequence[Sequence[int]]) -> list[str]:
+    return ["".join(pieces[k] for k in g).replace(WORD_START, "") or WORD_START for g in groups]
+
+
+def merge_groups(weights: np.ndarray, row_groups: Sequence[Sequence[int]], col_groups: Sequence[Sequence[int]]) -> np.ndarray:
+    """(..., T, S) -> (..., rows, cols): the columns (keys) of a group summed, so a word receives the
+    attention its pieces receive; the rows (queries) of a group averaged, so every row still sums to
+    what it summed to before. Groups are consecutive positions covering the axis in order."""
+    weights = np.asarray(weights, dtype=np.float64)
+    col_starts = [g[0] for g in col_groups]
+    row_starts = [g[0] for g in row_groups]
+    summed = np.add.reduceat(weights, col_starts, axis=-1) if col_starts else weights[..., :0]
+    if not row_starts:
+        return summed[..., :0, :]
+    sizes = np.array([len(g) for g in row_groups], dtype=np.float64)
+    return np.add.reduceat(summed, row_starts, axis=-2) / sizes[:, None]
+
+
+def merge_words(weights: np.ndarray, row_pieces: Sequence[str], col_pieces: Sequence[str]) -> tuple[np.ndarray, list[str], list[str]]:
+    """Attention over pieces -> attention over words (``--words``): key pieces of a word summed, query
+    pieces averaged (``merge_groups``). Returns (weights, row words, column words)."""
+    rows, cols = word_groups(row_pieces), word_groups(col_pieces)
+    return merge_groups(weights, rows, cols), word_labels(row_pieces, rows), word_labels(col_pieces, cols)
+
+
+# ---------------------------------------------------------------------------------------- alignments
+
+Link = tuple[int, int]  # (source word, target word)
+
+
+def extract_alignment(matrix: np.ndarray, method: str = "argmax", threshold: float = 0.5) -> list[Link]:
+    """Links from a word-level attention matrix (T, S): ``argmax`` links each target word to the source
+    word it attends to most; ``threshold`` links every pair whose weight is at least ``threshold``.
+    Returns (source, target) pairs sorted by source, then target."""
+    matrix = np.asarray(matrix)
+    if matrix.ndim != 2:
+        raise ValueError(f"an alignment needs a (T, S) matrix, got shape {matrix.shape}")
+    T, S = matrix.shape
+    if T == 0 or S == 0:
+        return []
+    if method == "argmax":
+        links = [(int(i), j) for j, i in enumerate(matrix.argmax(axis=1))]
+    elif method == "threshold":
+        links = [(int(i), int(j)) for j, i in zip(*np.nonzero(matrix >= threshold))]
+    else:
+        raise ValueError(f"unknown alignment method {method!r}; expected argmax or threshold")
+    return sorted(links)
+
+
+def format_pharaoh(links: Iterable[Link], one_based: bool = False) -> str:
+    shift = 1 if one_based else 0
+    return " ".join(f"{i + shift}-{j + shift}" for i, j in sorted(links))
+
+
+_LINK = re.compile(r"^(\d+)([-?p])(\d+)$")
+
+
+def parse_pharaoh(line: str, one_based: bool = False) -> tuple[set[Link], set[Link]]:
+    """(sure, possible) links of a Pharaoh line: ``i-j`` sure, ``i?j`` or ``ipj`` possible; the possible
+    set includes the sure links (Och & Ney: S ⊆ P). Raises ValueError on a malformed link."""
+    sure: set[Link] = set()
+    possible: set[Link] = set()
+    shift = 1 if one_based else 0
+    for token in line.split():
+        match = _LINK.match(token)
+        if not match:
+            raise ValueError(f"malformed alignment link {token!r} (expected i-j, i?j or ipj)")
+        i, j = int(match.group(1)) - shift, int(match.group(3)) - shift
+        if i < 0 or j < 0:
+            raise ValueError(f"alignment link {token!r} has index 0, but indices are one-based")
+        (sure if match.group(2) == "-" else possible).add((i, j))
+    return sure, possible | sure
+
+
+@dataclass(frozen=True)
+class AlignmentScore:
+    aer: float
+    precision: float
+    recall: float
+    predicted: int  # |A|
+    sure: int  # |S|
+    possible: int  # |P|, sure links included
+    sentences: int
+
+
+def alignment_scores(predicted: Iterable[Iterable[Link]], sure: Iterable[set[Link]], possible: Iterable[set[Link]]) -> AlignmentScore:
+    """Corpus-level AER, precision and recall (Och & Ney 2003, sec. 4): counts summed over sentences.
+    An empty prediction has precision 1, an empty gold recall 1, and both empty AER 0."""
+    a_total = s_total = p_total = a_and_s = a_and_p = n = 0
+    for links, s, p in zip(predicted, sure, possible, strict=True):
+        a, p = set(links), set(p) | set(s)
+        a_total, s_total, p_total = a_total + len(a), s_total + len(s), p_total + len(p)
+        a_and_s, a_and_p = a_and_s + len(a & s), a_and_p + len(a & p)
+        n += 1
+    precision = a_and_p / a_total if a_total else 1.0
+    recall = a_and_s / s_total if s_total else 1.0
+    aer = 1.0 - (a_and_s + a_and_p) / (a_total + s_total) if a_total + s_total else 0.0
+    return AlignmentScore(aer, precision, recall, a_total, s_total, p_total, n)
+
+
+# ------------------------------------------------------------------------------------ training curves
+
+
+def read_metrics(path: Path) -> list[dict]:
+    """The records of a run's ``metrics.jsonl``; a line that is not a JSON object (say, a half-written
+    last line of a live run) is skipped."""
+    records = []
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict):
+                records.append(record)
+    return records
+
+
+def curves_figure(records: Sequence[dict], title: str = "") -> Figure:
+    """Train loss and dev loss (left), dev BLEU and chrF (right) against the step."""
+
+    def series(event: str, key: str) -> tuple[list[float], list[float]]:
+        points = [(r["step"], r[key]) for r in records
+                  if r.get("event") == event and isinstance(r.get(key), (int, float)) and isinstance(r.get("step"), (int, float))]
+        return [p[0] for p in points], [p[1] for p in points]
+
+    train_loss, dev_loss = series("train", "loss"), series("valid", "loss")
+    bleu, chrf = series("valid", "bleu"), series("valid", "chrf")
+    if not train_loss[0] and not dev_loss[0]:
+        raise ValueError("no train or valid records with a step and a loss")
+    fig = Figure(figsize=(10, 4))
+    FigureCanvasAgg(fig)
+    left, right = fig.subplots(1, 2)
+    left.plot(*train_loss, label="train loss", linewidth=1)
+    if dev_loss[0]:
+        left.plot(*dev_loss, "o-", label="dev loss", markersize=3)
+    left.set_xlabel("step")
+    left.set_ylabel("loss (label-smoothed, per token)")
+    left.legend(fontsize=FONT_SIZE)
+    left.grid(alpha=0.3)
+    if bleu[0]:
+        right.plot(*bleu, "o-", label="dev BLEU", markersize=3)
+        right.plot(*chrf, "s-", label="dev chrF", markersize=3)
+        right.legend(fontsize=FONT_SIZE)
+    else:
+        right.text(0.5, 0.5, "no validation yet", ha="center", va="center", transform=right.transAxes)
+    right.set_xlabel("step")
+    right.set_ylabel("score")
+    right.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title, fontsize=FONT_SIZE + 2, parse_math=False)
+    fig.subplots_adjust(left=0.08, right=0.98, bottom=0.13, top=0.9 if title else 0.95, wspace=0.25)
+    return fig
+
+
+def assemble(frames: Sequence[Path], out: Path, duration_ms: int = 600) -> Path:
+    """Heatmap PNGs (say, one per validation) into an animated GIF (``out`` ending in .gif) or a
+    horizontal strip (any other suffix, written as PNG); frames of other sizes are padded with white."""
+    from PIL import Image
+
+    if not frames:
+        raise ValueError("no frames to assemble")
+    images = []
+    for frame in frames:
+        with Image.open(frame) as image:
+            images.append(image.convert("RGB"))
+    out = Path(out)
+    buffer = io.BytesIO()
+    if out.suffix.lower() == ".gif":
+        width, height = max(i.width for i in images), max(i.height for i in images)
+        padded = []
+        for image in images:
+            canvas = Image.new("RGB", (width, height), "white")
+            canvas.paste(image, (0, 0))
+            padded.append(canvas)
+        padded[0].save(buffer, format="GIF", save_all=True, append_images=padded[1:], duration=duration_ms, loop=0)
+    else:
+        width, height = sum(i.width for i in images), max(i.height for i in images)
+        strip = Image.new("RGB", (width, height), "white")
+        x = 0
+        for image in images:
+            strip.paste(image, (x, 0))
+            x += image.width
+        strip.save(buffer, format="PNG")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_bytes(buffer.getvalue())
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return out

@@ -1,0 +1,241 @@
+"""``attnmt plot``, ``align`` and ``plot-curves`` on small models trained once for this module.
+
+An LSTM learns the toy task well enough that its attention aligns words; its alignment error rate on
+the toy test set must beat a diagonal baseline, computed here from the same gold file. A tiny
+Transformer, barely trained (with ``train.plot_every`` on), gives the layer and head structure the
+figures are drawn from. Commands run in-process (``CliRunner``) to keep the module fast.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+
+import pytest
+from conftest import assert_one_error_line
+from PIL import Image
+from typer.testing import CliRunner
+
+from attnmt.cli import app
+from attnmt.plot import alignment_scores, parse_pharaoh
+
+TOY_TEST = 100
+# The toy task, a 100-piece joint tokenizer; small models, dropout off so that a few hundred steps do.
+BASE = {
+    "data": {"src_lang": "en", "tgt_lang": "de", "train": {"format": "toy", "split": "train", "size": 2000},
+             "dev": {"format": "toy", "split": "dev", "size": 20}},
+    "tokenizer": {"vocab_size": 100},
+    "train": {"device": "cpu", "lr": 1.0e-2, "schedule": "constant", "warmup_steps": 0, "max_tokens": 1024,
+              "max_steps": 300, "eval_every": 300, "save_every": 300, "log_every": 100},
+    "decode": {"beam_size": 1},
+}  # fmt: skip
+MODELS = {
+    "lstm": {"arch": "lstm", "emb_dim": 32, "hidden_size": 32, "attn_dim": 32, "enc_layers": 1, "dec_layers": 1, "dropout": 0.0},
+    "transformer": {"arch": "transformer", "d_model": 16, "n_heads": 2, "enc_layers": 1, "dec_layers": 2, "d_ff": 32, "dropout": 0.0},
+}
+# The Transformer only needs its shape: a few steps, a validation (with heatmaps) every 2.
+TRANSFORMER_SETS = ["train.max_steps=4", "train.eval_every=2", "train.plot_every=1", "train.save_every=4"]
+
+
+def invoke(*args):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    """Trained run folders {"lstm": ..., "transformer": ...} and the toy test files (en, de, align)."""
+    root = tmp_path_factory.mktemp("align")
+    runs = {}
+    for arch, model in MODELS.items():
+        config = root / f"{arch}.yaml"
+        config.write_text(json.dumps({**BASE, "model": model}), encoding="utf-8")
+        run = root / arch
+        if runs:  # same data and tokenizer settings: reuse the prepared data
+            first = next(iter(runs.values()))
+            shutil.copytree(first / "data", run / "data")
+            shutil.copytree(first / "tokenizer", run / "tokenizer")
+            shutil.copy(first / "config.yaml", run / "config.yaml")
+        sets = [x for item in (TRANSFORMER_SETS if arch == "transformer" else []) for x in ("--set", item)]
+        result = invoke("train", config, "--run-dir", run, *sets)
+        assert result.exit_code == 0, result.output
+        runs[arch] = run
+    data = root / "toy"
+    assert invoke("toy-data", data, "--train-size", 1, "--dev-size", 1, "--test-size", TOY_TEST).exit_code == 0
+    return runs, {suffix: data / f"test.{suffix}" for suffix in ("en", "de", "align")}
+
+
+def lines(path) -> list[str]:
+    return path.read_text(encoding="utf-8").splitlines()
+
+
+# ------------------------------------------------------------------------------------------- plot
+
+
+def test_plot_transformer_writes_every_layer_kind_and_the_chosen_head(toy, tmp_path):
+    runs, _ = toy
+    out = tmp_path / "maps"
+    result = invoke("plot", runs["transformer"], "tuesday , march 14th , 2019", "may 1st 2001", "--out", out, "--self")
+    assert result.exit_code == 0, result.output
+    expected = {f"{n:04d}_{kind}_layer{layer}.png" for n in (1, 2) for kind, layers in
+                (("cross", (1, 2)), ("dec_self", (1, 2)), ("enc_self", (1,))) for layer in layers}  # fmt: skip
+    assert {p.name for p in out.iterdir()} == expected
+    with Image.open(out / "0001_cross_layer2.png") as image:
+        assert image.width > 200 and image.height > 100
+
+    out = tmp_path / "one"
+    result = invoke("plot", runs["transformer"], "may 1st 2001", "--out", out, "--layer", 2, "--head", 1, "--format", "pdf", "--words")
+    assert result.exit_code == 0, result.output
+    assert [p.name for p in out.iterdir()] == ["0001_cross_layer2_head1.pdf"]
+
+
+def test_plot_lstm_reads_a_file_skips_empty_lines_and_stops_at_limit(toy, tmp_path):
+    runs, _ = toy
+    source = tmp_path / "in.en"
+    source.write_text("march 14th 2019\n\nfriday the 1st of may 2001\nnovember 19th 1982\n", encoding="utf-8")
+    out = tmp_path / "maps"
+    result = invoke("plot", runs["lstm"], "--input", source, "--limit", 3, "--out", out, "--format", "svg", "--dpi", 50)
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in out.iterdir()) == ["0001_cross_layer1.svg", "0003_cross_layer1.svg"]
+
+
+def test_training_wrote_heatmaps_and_plot_curves_animates_them(toy):
+    runs, _ = toy
+    plots = runs["transformer"] / "plots"
+    assert sorted(p.name for p in plots.iterdir()) == ["step_00000002", "step_00000004"]
+    assert sorted(p.name for p in (plots / "step_00000004").iterdir()) == [
+        f"{n:04d}_cross_layer{layer}.png" for n in (1, 2, 3) for layer in (1, 2)
+    ]
+    result = invoke("plot-curves", runs["transformer"], "--gif")
+    assert result.exit_code == 0, result.output
+    with Image.open(runs["transformer"] / "curves.png") as image:
+        assert image.size == (1000, 400)
+    with Image.open(plots / "0001_cross_layer2.gif") as gif:
+        assert gif.n_frames == 2
+
+
+def test_a_failing_plot_never_stops_training(toy, tmp_path, monkeypatch, caplog):
+    import attnmt.plot
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no figure today")
+
+    monkeypatch.setattr(attnmt.plot, "sentence_maps", broken)
+    runs, _ = toy
+    run = tmp_path / "run"
+    for part in ("data", "tokenizer"):
+        shutil.copytree(runs["lstm"] / part, run / part)
+    shutil.copy(runs["lstm"] / "config.yaml", run / "config.yaml")
+    sets = [x for item in ("train.max_steps=2", "train.eval_every=1", "train.plot_every=1") for x in ("--set", item)]
+    with caplog.at_level(logging.WARNING, logger="attnmt.train"):
+        result = invoke("train", runs["transformer"].parent / "transformer.yaml", "--run-dir", run, *sets)
+    assert result.exit_code == 0, result.output
+    assert caplog.text.count("could not plot the dev attention: RuntimeError: no figure today") == 2
+    assert (run / "checkpoints" / "step_00000002.pt").is_file()
+
+
+# ------------------------------------------------------------------------------------------ align
+
+
+def test_align_own_translations_one_line_per_pair_with_valid_indices(toy, tmp_path):
+    runs, files = toy
+    out, hyps = tmp_path / "out.align", tmp_path / "hyp.de"
+    result = invoke("align", runs["lstm"], "--src", files["en"], "--output", out, "--hyp-out", hyps)
+    assert result.exit_code == 0, result.output
+    sources, targets, links = lines(files["en"]), lines(hyps), lines(out)
+    assert len(links) == len(sources) == len(targets) == TOY_TEST
+    for src, tgt, line in zip(sources, targets, links):
+        pairs = [tuple(map(int, link.split("-"))) for link in line.split()]
+        assert len(pairs) == len(tgt.split())  # argmax: one link per target word
+        assert all(0 <= i < len(src.split()) and 0 <= j < len(tgt.split()) for i, j in pairs)
+    one_based = invoke("align", runs["lstm"], "--src", files["en"], "--tgt", hyps, "--one-based")
+    assert one_based.exit_code == 0, one_based.output
+    shifted = [" ".join(f"{int(i) + 1}-{int(j) + 1}" for i, j in (x.split("-") for x in line.split())) for line in links]
+    assert one_based.stdout.splitlines() == shifted
+
+
+def diagonal_aer(files) -> float:
+    """Baseline: source word i linked to target word round(i * T / S)."""
+    predicted, sure, possible = [], [], []
+    for src, tgt, gold in zip(lines(files["en"]), lines(files["de"]), lines(files["align"])):
+        S, T = len(src.split()), len(tgt.split())
+        predicted.append({(i, min(T - 1, round(i * T / S))) for i in range(S)})
+        s, p = parse_pharaoh(gold)
+        sure.append(s)
+        possible.append(p)
+    return alignment_scores(predicted, sure, possible).aer
+
+
+def test_trained_lstm_aligns_better_than_the_diagonal(toy):
+    runs, files = toy
+    result = invoke("align", runs["lstm"], "--src", files["en"], "--tgt", files["de"], "--gold", files["align"], "--json")
+    assert result.exit_code == 0, result.output
+    score = json.loads(result.stdout)
+    baseline = diagonal_aer(files)
+    print(f"toy AER: LSTM attention {score['aer']:.3f}, diagonal baseline {baseline:.3f}")
+    assert score["aer"] < baseline - 0.05
+    assert score["sentences"] == TOY_TEST and 0 < score["precision"] <= 1 and 0 < score["recall"] <= 1
+
+    table = invoke("align", runs["lstm"], "--src", files["en"], "--tgt", files["de"], "--gold", files["align"],
+                   "--method", "threshold", "--threshold", "0.4")  # fmt: skip
+    assert table.exit_code == 0, table.output
+    assert "AER" in table.stdout and "recall" in table.stdout
+
+    transformer = invoke("align", runs["transformer"], "--src", files["en"], "--tgt", files["de"], "--gold", files["align"],
+                         "--layer", "avg", "--json")  # fmt: skip
+    assert transformer.exit_code == 0, transformer.output
+    assert 0 <= json.loads(transformer.stdout)["aer"] <= 1
+
+
+# ------------------------------------------------------------------------------------- bad inputs
+
+
+@pytest.mark.parametrize(
+    "case, code, needle",
+    [
+        ("fewer_targets", 3, "has 100 lines"),
+        ("bad_gold", 3, "malformed alignment link"),
+        ("gold_out_of_range", 3, "outside the pair"),
+        ("missing_source", 3, "file not found"),
+        ("gold_without_target", 2, "--gold needs --tgt"),
+        ("layer_too_deep", 2, "--layer 3"),
+        ("unknown_method", 2, "--method"),
+        ("corrupt_checkpoint", 4, "corrupt or unsafe checkpoint"),
+        ("plot_format", 2, "--format"),
+        ("plot_self_lstm", 2, "no self-attention"),
+        ("curves_without_metrics", 3, "metrics.jsonl"),
+    ],
+)
+def test_bad_inputs_exit_with_one_error_line(toy, tmp_path, case, code, needle):
+    runs, files = toy
+    lstm, en, de = runs["lstm"], files["en"], files["de"]
+    short = tmp_path / "short.de"
+    short.write_text("".join(line + "\n" for line in lines(de)[:99]), encoding="utf-8")
+    gold = tmp_path / "gold.align"
+    corrupt = tmp_path / "model.pt"
+    corrupt.write_bytes(b"\x00not a checkpoint" * 10)
+    args = {
+        "fewer_targets": ["align", lstm, "--src", en, "--tgt", short],
+        "bad_gold": ["align", lstm, "--src", en, "--tgt", de, "--gold", gold],
+        "gold_out_of_range": ["align", lstm, "--src", en, "--tgt", de, "--gold", gold],
+        "missing_source": ["align", lstm, "--src", tmp_path / "nope.en"],
+        "gold_without_target": ["align", lstm, "--src", en, "--gold", files["align"]],
+        "layer_too_deep": ["align", runs["transformer"], "--src", en, "--layer", 3],
+        "unknown_method": ["align", lstm, "--src", en, "--method", "intersect"],
+        "corrupt_checkpoint": ["align", corrupt, "--src", en],
+        "plot_format": ["plot", lstm, "may 1st 2001", "--out", tmp_path / "maps", "--format", "gif"],
+        "plot_self_lstm": ["plot", lstm, "may 1st 2001", "--out", tmp_path / "maps", "--self"],
+        "curves_without_metrics": ["plot-curves", tmp_path],
+    }[case]
+    gold_lines = lines(files["align"])
+    gold_lines[1] = {"bad_gold": "0-1 2x3", "gold_out_of_range": "0-1 0-99"}.get(case, gold_lines[1])
+    gold.write_text("".join(line + "\n" for line in gold_lines), encoding="utf-8")
+    result = invoke(*args)
+    assert result.exit_code == code, result.output
+    line = assert_one_error_line(result.stderr)
+    assert needle in line
+    if case == "fewer_targets":
+        assert "has 99" in line
+    if case in ("bad_gold", "gold_out_of_range"):
+        assert f"{gold}:2:" in line
+    assert not (tmp_path / "maps").exists()
