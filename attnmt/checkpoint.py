@@ -161,7 +161,6 @@ def latest_checkpoint(run: RunDir) -> tuple[Path, dict[str, Any]] | None:
         try:
             return path, load_checkpoint(path, pointer.get("sha256"))
         except CheckpointError as e:
-            log.warning("%s; falling back to the newest valid checkpoint", e)
             failures.append(str(e))
     if not run.checkpoints.is_dir():
         return None
@@ -171,9 +170,11 @@ def latest_checkpoint(run: RunDir) -> tuple[Path, dict[str, Any]] | None:
         try:
             payload = load_checkpoint(path)
         except CheckpointError as e:
-            log.warning("skipping %s", e)
             failures.append(str(e))
             continue
+        # Warned only now: when nothing loads, the error below says it in one line.
+        for failure in failures:
+            log.warning("%s; using %s instead", failure, path.name)
         write_pointer(run, "latest", {"step": int(payload["progress"]["step"]), "file": path.name, "sha256": sha256_file(path), "format": FORMAT})
         return path, payload
     if failures:

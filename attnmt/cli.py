@@ -56,6 +56,9 @@ def main(
         handler.attnmt_console = True
         handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
         root.addHandler(handler)
+    # This invocation's stderr: a program that runs app() more than once may swap it between calls (setStream
+    # would flush the old stream, which may be closed by then).
+    handler.stream = sys.stderr
     handler.setLevel(logging.DEBUG if debug else logging.WARNING)
 
 
@@ -63,6 +66,16 @@ def _fail(message: str, code: int) -> None:
     sys.stderr.write(f"error: {message}\n")
     sys.stderr.flush()
     raise typer.Exit(code)
+
+
+OOM_HINT = "reduce the batch: --max-tokens, decode.max_tokens or train.max_tokens"
+
+
+def _out_of_memory(e: Exception) -> bool:
+    """torch.OutOfMemoryError (CUDA), or the CPU allocator's RuntimeError; told apart by name and message so
+    that this module need not import torch."""
+    text = str(e)
+    return type(e).__name__ == "OutOfMemoryError" or "DefaultCPUAllocator" in text or "can't allocate memory" in text
 
 
 def _guard(body: Callable[[], None]) -> None:
@@ -81,10 +94,12 @@ def _guard(body: Callable[[], None]) -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise typer.Exit(0) from None
     except MemoryError:
-        _fail("out of memory (reduce train.max_tokens or the corpus size)", 5)
+        _fail(f"out of memory ({OOM_HINT})", 5)
     except Exception as e:
         if _state["debug"]:
             raise
+        if _out_of_memory(e):
+            _fail(f"out of memory ({OOM_HINT})", 5)
         first = str(e).splitlines()[0] if str(e) else ""
         _fail(f"internal error: {type(e).__name__}: {first} (run with --debug for a traceback)", 1)
 
@@ -316,7 +331,10 @@ def _input_lines(path: Path | None) -> Iterator[str]:
 
 
 def _refuse_overwrite(flag: str, output: Path | None, inputs: list[Path | None]) -> None:
-    """Writing to an input would truncate it before it is read (and lose it): refuse, before any work."""
+    """Writing to an input would truncate it before it is read (and lose it): refuse, before any work; a
+    folder in place of the output file is refused as early."""
+    if output is not None and output.is_dir():
+        raise ConfigError(f"{flag} {output} is a folder; give a file name")
     if output is not None and any(p is not None and output.resolve() == Path(p).resolve() for p in inputs):
         raise ConfigError(f"{flag} {output} is an input file; refusing to overwrite the input")
 

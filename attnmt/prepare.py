@@ -152,6 +152,8 @@ def prepare(cfg: Config, run: RunDir) -> PrepareReport:
     train = corpora["train"]
     if len(train) == 0:
         raise DataError(f"train: no training pairs left after cleaning ({_reasons(train.dropped)})")
+    # Before the tokenizer is trained on what is left: a run folder keeps its tokenizer for later runs.
+    _check_dropped(train.read, len(train), train.dropped, cfg.data.max_dropped_fraction)
     tokenizer, trained = obtain_tokenizer(cfg, run, train)
 
     stats = []
@@ -163,12 +165,7 @@ def prepare(cfg: Config, run: RunDir) -> PrepareReport:
         if is_train:
             if split_stats.kept == 0:
                 raise DataError(f"train: no training pairs left ({_reasons(split_stats.dropped)})")
-            fraction = 1 - split_stats.kept / split_stats.read
-            if fraction > cfg.data.max_dropped_fraction:
-                raise DataError(
-                    f"train: cleaning dropped {fraction:.0%} of {split_stats.read} pairs ({_reasons(split_stats.dropped)}), "
-                    f"more than data.max_dropped_fraction = {cfg.data.max_dropped_fraction:g}"
-                )
+            _check_dropped(split_stats.read, split_stats.kept, split_stats.dropped, cfg.data.max_dropped_fraction)
         elif split_stats.kept == 0:
             raise DataError(f"{name}: no pairs left after cleaning ({_reasons(split_stats.dropped)})")
         save_split(columns, run.split(name))
@@ -177,6 +174,15 @@ def prepare(cfg: Config, run: RunDir) -> PrepareReport:
     atomic_write_text(run.stats, json.dumps([s.__dict__ for s in stats], indent=2, ensure_ascii=False))
     write_resolved_config(cfg, run)
     return PrepareReport(run.root, stats, trained, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.joint)
+
+
+def _check_dropped(read: int, kept: int, dropped: dict[str, int], max_fraction: float) -> None:
+    fraction = 1 - kept / read
+    if fraction > max_fraction:
+        raise DataError(
+            f"train: cleaning dropped {fraction:.0%} of {read} pairs ({_reasons(dropped)}), "
+            f"more than data.max_dropped_fraction = {max_fraction:g}"
+        )
 
 
 def _reasons(dropped: dict[str, int]) -> str:

@@ -166,8 +166,12 @@ def load_model_file(path: Path, expected_sha256: str | None = None) -> bytes:
     return data
 
 
-def load_tokenizer(folder: Path) -> Tokenizer:
-    """Load a tokenizer folder written by ``save`` (run folder ``tokenizer/``), verifying hashes."""
+def load_tokenizer(folder: Path, expected: dict | None = None) -> Tokenizer:
+    """Load a tokenizer folder written by ``save`` (run folder ``tokenizer/``), verifying hashes.
+
+    ``expected`` is a checkpoint's tokenizer fingerprint: the folder must then hold the very models that
+    checkpoint was trained with, checked before sentencepiece parses a byte of them.
+    """
     meta_path = Path(folder) / META_FILE
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
@@ -177,6 +181,10 @@ def load_tokenizer(folder: Path) -> Tokenizer:
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise CheckpointError(f"{meta_path}: unreadable tokenizer metadata ({type(e).__name__})") from None
     names = ["spm.model"] if joint else ["src.model", "tgt.model"]
+    if expected is not None:
+        wanted = [expected.get("src_sha256")] if joint else [expected.get("src_sha256"), expected.get("tgt_sha256")]
+        if joint != expected.get("joint") or [hashes.get(name) for name in names] != wanted:
+            raise CheckpointError(f"{folder}: tokenizer does not match checkpoint (expected sha256 {str(wanted[0])[:12]}…)")
     models = []
     for name in names:
         if name not in hashes:

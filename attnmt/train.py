@@ -19,6 +19,7 @@ import logging
 import math
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -43,7 +44,7 @@ from .checkpoint import (
 )
 from .config import Config
 from .decode import Translator
-from .errors import CheckpointError, ConfigError, DataError, DivergedError, ResourceError
+from .errors import AttnmtError, CheckpointError, ConfigError, DataError, DivergedError, ResourceError
 from .loss import label_smoothed_nll
 from .metrics import corpus_scores
 from .models import build_model
@@ -241,13 +242,17 @@ class Trainer:
             raise CheckpointError(f"{run.root}: --resume given, but the run folder has no checkpoint")
         if self.dist.main:
             remove_stale_tmp(run)
-            if not run.split("train").exists() or not run.tokenizer.exists():
+            # config.yaml is written last, so without it an earlier prepare stopped halfway: prepare again.
+            if not run.split("train").exists() or not run.tokenizer.exists() or not run.config.exists():
                 self.report("message", {"text": "preparing data (attnmt prepare) ..."})
                 prepare(cfg, run)
             else:
                 self._check_prepared()
         self.dist.barrier()
-        self.tokenizer: Tokenizer = load_tokenizer(run.tokenizer)
+        # The checkpoint names its tokenizer, so a swapped model file is refused before sentencepiece parses it.
+        found = latest_checkpoint(run)
+        expected = (found[1].get("fingerprint") or {}).get("tokenizer") if found is not None else None
+        self.tokenizer: Tokenizer = load_tokenizer(run.tokenizer, expected)
         self.train_data = load_split(run, "train")
         self.dev_data = load_split(run, "dev")
         self.sampler = TokenBatchSampler(
@@ -270,7 +275,6 @@ class Trainer:
         self.scaler = torch.amp.GradScaler("cuda") if self.autocast_dtype == torch.float16 else None
         self.progress = Progress()
         self.fingerprint = self._fingerprint()
-        found = latest_checkpoint(run)
         if found is not None:
             self._restore(*found)
         elif self.dist.main:
@@ -634,6 +638,16 @@ class Trainer:
         return stop
 
 
+def _log_bug(handler: logging.Handler | None) -> None:
+    """The traceback of an unexpected error (a bug) goes to RUN/train.log only; the console shows one line."""
+    if handler is not None:
+        handler.handle(log.makeRecord(log.name, logging.ERROR, __file__, 0, "internal error", None, sys.exc_info()))
+
+
+# Validation batches follow decode.max_tokens, so an out-of-memory error may come from either budget.
+OOM_HINT = "reduce train.max_tokens (training batches) or decode.max_tokens (validation batches); the last checkpoint is kept"
+
+
 def fit(cfg: Config, run: RunDir, report: Reporter, resume: bool = False) -> dict:
     """Train ``cfg`` in ``run`` (resuming it if it has a checkpoint); the caller holds the run's lock on rank 0."""
     trainer = Trainer(cfg, run, report)
@@ -650,10 +664,16 @@ def fit(cfg: Config, run: RunDir, report: Reporter, resume: bool = False) -> dic
             logging.getLogger("attnmt").setLevel(logging.INFO)
         return trainer.fit()
     except torch.OutOfMemoryError:
-        raise ResourceError("out of GPU memory: reduce train.max_tokens") from None
+        raise ResourceError(f"out of GPU memory: {OOM_HINT}") from None
     except RuntimeError as e:
         if "can't allocate memory" in str(e) or "DefaultCPUAllocator" in str(e):
-            raise ResourceError("out of memory: reduce train.max_tokens") from None
+            raise ResourceError(f"out of memory: {OOM_HINT}") from None
+        _log_bug(file_handler)
+        raise
+    except (AttnmtError, Interrupted):
+        raise
+    except Exception:
+        _log_bug(file_handler)
         raise
     finally:
         for signum, handler in handlers.items():
