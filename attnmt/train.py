@@ -13,6 +13,7 @@ the loss is multiplied by the world size first.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -195,7 +196,7 @@ class Corpus:
     tgt_ids: list[list[int]]
     tgt_text: list[str]
 
-    @property
+    @functools.cached_property
     def lengths(self) -> list[int]:
         return [max(len(s), len(t)) + 1 for s, t in zip(self.src_ids, self.tgt_ids)]
 
