@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnmt.linear import Linear
 from attnmt.masks import causal_mask, combine_masks, masked_softmax, normalise_mask
 
 # --------------------------------------------------------------------------- scores
@@ -32,9 +33,9 @@ class AdditiveScore(nn.Module):
 
     def __init__(self, query_dim: int, key_dim: int, attn_dim: int):
         super().__init__()
-        self.query_proj = nn.Linear(query_dim, attn_dim, bias=False)
-        self.key_proj = nn.Linear(key_dim, attn_dim)
-        self.v = nn.Linear(attn_dim, 1, bias=False)
+        self.query_proj = Linear(query_dim, attn_dim, bias=False)
+        self.key_proj = Linear(key_dim, attn_dim)
+        self.v = Linear(attn_dim, 1, bias=False)
 
     def project_keys(self, keys: torch.Tensor) -> torch.Tensor:
         """keys (B, S, Dk) -> W_k k (B, S, A)."""
@@ -83,7 +84,7 @@ class GeneralScore(nn.Module):
 
     def __init__(self, query_dim: int, key_dim: int, attn_dim: int):
         super().__init__()
-        self.key_proj = nn.Linear(key_dim, query_dim, bias=False)
+        self.key_proj = Linear(key_dim, query_dim, bias=False)
 
     def project_keys(self, keys: torch.Tensor) -> torch.Tensor:
         """keys (B, S, Dk) -> W k (B, S, Dq)."""
@@ -468,7 +469,7 @@ KERNELS: dict[str, Kernel] = {
 class BlockDiagonalLinear(nn.Module):
     """`n_blocks` independent Linear(block_dim, block_dim) maps, one per slice of the features.
 
-    Equal to a Linear(D, D), D = n_blocks * block_dim, whose weight is
+    Equal to a nn.Linear(D, D), D = n_blocks * block_dim, whose weight is
     `torch.block_diag(*weight)`: n_blocks * block_dim^2 weights instead of D^2.
     weight (n_blocks, out, in), bias (D,) or None.
     """
@@ -496,7 +497,7 @@ HEADS = ("full", "split")
 class MultiHeadAttention(nn.Module):
     """Multi-head attention, Vaswani et al. 2017 sec. 3.2.2, over a kernel from `KERNELS`.
 
-    heads="full": each head projects the whole input (one Linear(D, D) per Q, K, V).
+    heads="full": each head projects the whole input (one nn.Linear(D, D) per Q, K, V).
     heads="split": the input is cut into n_heads slices of D / n_heads features and
     each head projects only its own slice (`BlockDiagonalLinear`); out_proj stays full.
     kernel: a name in `KERNELS`, or a callable with the kernel signature (e.g.
@@ -528,10 +529,10 @@ class MultiHeadAttention(nn.Module):
         self.heads = heads
         for name in ("q_proj", "k_proj", "v_proj"):
             if heads == "full":
-                setattr(self, name, nn.Linear(d_model, d_model, bias=bias))
+                setattr(self, name, Linear(d_model, d_model, bias=bias))
             else:
                 setattr(self, name, BlockDiagonalLinear(n_heads, self.d_head, bias=bias))
-        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.out_proj = Linear(d_model, d_model, bias=bias)
 
     def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
         """(B, L, D) -> (B, H, L, dh)."""
@@ -545,6 +546,17 @@ class MultiHeadAttention(nn.Module):
         """Keys/values x (B, S, D) -> (k, v), each (B, H, S, dh); cache these when decoding."""
         return self._split_heads(self.k_proj(x)), self._split_heads(self.v_proj(x))
 
+    @property
+    def step_kernel(self) -> Kernel:
+        """The kernel for a few queries against cached keys (one decoding step).
+
+        `sdpa` steps with `math`: the same product, but the fused CPU kernel's
+        per-call setup costs more than the whole product at one query per row
+        (2-4x slower at decoding shapes, `scripts/bench_decode.py --kernels`).
+        Any other kernel steps with itself.
+        """
+        return math_attention if self.kernel is sdpa_attention else self.kernel
+
     def attend(
         self,
         q: torch.Tensor,
@@ -553,6 +565,7 @@ class MultiHeadAttention(nn.Module):
         mask: torch.Tensor | None = None,
         causal: bool = False,
         need_weights: bool = False,
+        kernel: Kernel | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Attention over projected heads, merged and put through out_proj.
 
@@ -561,12 +574,13 @@ class MultiHeadAttention(nn.Module):
         Returns (out (B, T, D), weights (B, H, T, S) if need_weights else None).
         A kernel that returns no weights is replaced by `math_attention` for a
         call with need_weights (`sdpa` and `sparse` do that themselves; `linear`
-        returns its own normalised phi(Q) phi(K)^T).
+        returns its own normalised phi(Q) phi(K)^T). ``kernel`` overrides the
+        module's kernel for this call (decoding passes `step_kernel`).
         """
         B, _, T, _ = q.shape
         mask = normalise_mask(mask, B, T, k.shape[-2])  # (b, h, t, S)
         dropout_p = self.dropout if self.training else 0.0
-        context, weights = self.kernel(
+        context, weights = (kernel or self.kernel)(
             q, k, v, mask, causal=causal, need_weights=need_weights, dropout_p=dropout_p
         )  # (B, H, T, dh)
         if need_weights and weights is None:

@@ -63,7 +63,7 @@ def _log_probs(logits: torch.Tensor, t: int, limits: torch.Tensor, min_len: int)
         logp[:, EOS_ID] = torch.where(at_limit, logp[:, EOS_ID], lowest)
     if bool(at_limit.any()):
         not_eos = torch.arange(logp.size(1), device=logp.device) != EOS_ID  # (V,)
-        logp = logp.masked_fill(at_limit[:, None] & not_eos[None, :], lowest)
+        logp.masked_fill_(at_limit[:, None] & not_eos[None, :], lowest)
     return logp
 
 
@@ -106,7 +106,7 @@ def greedy_search(
             keep = (~done).nonzero()[:, 0]  # (b',)
             alive, best = alive[keep], best[keep]
             if alive.numel():
-                state = model.select(state, keep)
+                state = model.select(state, keep, inplace=True)
         tokens = best
         t += 1
     return [
@@ -170,9 +170,9 @@ def beam_search(
     limits = max_output_lengths(src_mask, max_len_a, max_len_b)  # (B,)
     # The largest penalty each sentence's hypotheses can get: its limit plus the EOS.
     lp_max = [gnmt_penalty(n + 1, length_penalty) for n in limits.tolist()]
-    state = model.select(model.encode(src, src_mask), torch.arange(B, device=device).repeat_interleave(K))  # B*K rows
+    state = model.encode(src, src_mask)  # B rows: the first step runs once per sentence, see below
     active = torch.arange(B, device=device)  # (b,) sentences still searching
-    tokens = torch.full((B * K,), BOS_ID, dtype=torch.long, device=device)  # (N,)
+    tokens = torch.full((B,), BOS_ID, dtype=torch.long, device=device)  # (N,)
     history = torch.zeros(B * K, 0, dtype=torch.long, device=device)  # (N, t) pieces so far, no BOS
     attn_history: torch.Tensor | None = None  # (N, t, S)
     scores: torch.Tensor | None = None  # (N,)
@@ -183,6 +183,12 @@ def beam_search(
     while active.numel():
         b, sentences = active.numel(), active.tolist()
         logits, state, attn = model.step(tokens, state, need_attention)  # (N, V), attn (N, S)
+        if t == 0:
+            # Every beam starts from the same BOS: one row per sentence went through the model, and now
+            # becomes K identical rows (of which the search keeps one live, below).
+            copies = torch.arange(B, device=device).repeat_interleave(K)  # (B*K,)
+            logits, state = logits.index_select(0, copies), model.select(state, copies, inplace=True)
+            attn = attn.index_select(0, copies) if need_attention else None
         V = logits.size(-1)
         if K > V:
             raise ValueError(f"beam_size ({K}) must not exceed the vocabulary size ({V})")
@@ -196,7 +202,8 @@ def beam_search(
             scores[:, 0] = 0
             scores = scores.view(-1)
         # Clamp: lowest + lowest would be -inf; a banned or dead candidate stays exactly `lowest`.
-        cand = (scores[:, None] + logp).clamp(min=lowest).view(b, K * V)  # (b, K*V)
+        # In place: logp is this step's own tensor, and (N, V) is the largest thing the search makes.
+        cand = logp.add_(scores[:, None]).clamp_(min=lowest).view(b, K * V)  # (b, K*V)
         top_scores, top_index = cand.topk(2 * K, dim=1)  # (b, 2K), best first
         top_beam, top_token = top_index // V, top_index % V  # (b, 2K)
         is_eos = top_token == EOS_ID
@@ -238,7 +245,7 @@ def beam_search(
         active = active[keep]
         if not active.numel():
             break
-        state = model.select(state, index)
+        state = model.select(state, index, inplace=True)
         scores, tokens = new_scores[keep].view(-1), new_tokens[keep].view(-1)
         history = torch.cat([history[index], tokens[:, None]], dim=1)  # (N', t + 1)
         if need_attention:

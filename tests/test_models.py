@@ -153,6 +153,95 @@ def test_select_right_after_encode(name):
     assert_close(reordered, reference[index])
 
 
+TRANSFORMER_NAMES = [name for name in CONFIGS if not name.startswith("lstm")]
+
+
+@pytest.mark.parametrize("name", TRANSFORMER_NAMES)
+def test_cache_that_grows_gives_the_same_steps(name, monkeypatch):
+    """The self-attention cache starts with room for 2 positions here and doubles as it fills (2, 4, 8,
+    16), across selects too: every step still equals teacher forcing."""
+    model = make_model(CONFIGS[name])
+    monkeypatch.setattr(model, "cache_capacity", 2)
+    batch = batch_of()
+    index = torch.tensor([2, 0, 0, 1, 2])
+    with torch.no_grad():
+        reference, _ = step_all(model, batch)
+        state = model.encode(batch.src, batch.src_mask)
+        capacities = []
+        for t in range(batch.tgt_in.size(1)):
+            rows = index if t >= 3 else torch.arange(3)
+            if t == 3:
+                state = model.select(state, index)
+            logits, state, _ = model.step(batch.tgt_in[rows, t], state)
+            capacities.append(state["self_kv"][0][0].size(2))
+            assert_close(logits, reference[rows, t])
+    assert capacities[0] == 2 and capacities[-1] == 16, capacities
+
+
+@every_model
+def test_a_state_is_a_value(name):
+    """Stepping one state twice (two different next tokens) or selecting from it twice gives two
+    independent continuations: neither disturbs the other, though the cache is written in place."""
+    model = make_model(CONFIGS[name])
+    batch = batch_of()
+    other = batch_of(SRC, sentences([4, 8, 2], seed=3))  # same sources, different targets
+    with torch.no_grad():
+        ref_a, _ = step_all(model, batch)
+        ref_b, _ = step_all(model, other)
+        state = model.encode(batch.src, batch.src_mask)
+        _, state, _ = model.step(batch.tgt_in[:, 0], state)  # both start with BOS
+        state_a, state_b = state, state
+        for t in range(1, batch.tgt_in.size(1)):  # interleaved: a, then b, from the same parents
+            logits_a, state_a, _ = model.step(batch.tgt_in[:, t], state_a)
+            logits_b, state_b, _ = model.step(other.tgt_in[:, t], state_b)
+            assert_close(logits_a, ref_a[:, t])
+            assert_close(logits_b, ref_b[:, t])
+        # Two selects from one state, then steps from both, then a step from the original again.
+        index_a, index_b = torch.tensor([0, 0, 1]), torch.tensor([2, 1])
+        state = model.encode(batch.src, batch.src_mask)
+        for t in range(3):
+            _, state, _ = model.step(batch.tgt_in[:, t], state)
+        picked_a, picked_b = model.select(state, index_a), model.select(state, index_b)
+        for t in range(3, 5):
+            logits_a, picked_a, _ = model.step(batch.tgt_in[index_a, t], picked_a)
+            logits_b, picked_b, _ = model.step(batch.tgt_in[index_b, t], picked_b)
+            assert_close(logits_a, ref_a[index_a, t])
+            assert_close(logits_b, ref_a[index_b, t])
+        logits, _, _ = model.step(batch.tgt_in[:, 3], state)
+        assert_close(logits, ref_a[:, 3])
+
+
+@every_model
+@pytest.mark.parametrize("index", [[1, 0, 2], [2, 2, 0], [2, 0], [0, 1, 2], [1, 1, 0, 2, 2]], ids=str)
+def test_select_in_place_equals_select(name, index):
+    """select(..., inplace=True) (the searches' call) continues exactly like the copying select: swaps,
+    a row copied over its own parent, dropped rows, no change, and more rows than before."""
+    model = make_model(CONFIGS[name])
+    batch = batch_of()
+    index = torch.tensor(index)
+    with torch.no_grad():
+        reference, _ = step_all(model, batch)
+        state = model.encode(batch.src, batch.src_mask)
+        for t in range(3):
+            _, state, _ = model.step(batch.tgt_in[:, t], state)
+        state = model.select(state, index, inplace=True)
+        for t in range(3, batch.tgt_in.size(1)):
+            logits, state, _ = model.step(batch.tgt_in[index, t], state)
+            assert_close(logits, reference[index, t])
+
+
+@pytest.mark.parametrize("name", TRANSFORMER_NAMES)
+def test_a_state_given_to_select_in_place_is_refused_afterwards(name):
+    model = make_model(CONFIGS[name])
+    batch = batch_of()
+    with torch.no_grad():
+        state = model.encode(batch.src, batch.src_mask)
+        _, state, _ = model.step(batch.tgt_in[:, 0], state)
+        model.select(state, torch.tensor([1, 0, 2]), inplace=True)
+        with pytest.raises(RuntimeError, match="inplace=True"):
+            model.step(batch.tgt_in[:, 1], state)
+
+
 # ----------------------------------------------------------------- padding and batch neighbours
 
 

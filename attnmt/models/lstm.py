@@ -19,6 +19,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from ..attention import Attention
 from ..config import LSTMConfig
+from ..linear import Linear
 from .protocol import ModelOutput, select_grouped, to_blocks
 
 
@@ -38,13 +39,13 @@ class LSTMModel(nn.Module):
         self.dropout = nn.Dropout(cfg.dropout)
         self.encoder = nn.LSTM(E, H, cfg.enc_layers, batch_first=True, bidirectional=True, dropout=cfg.dropout if cfg.enc_layers > 1 else 0.0)
         # Bridge: the encoder's final states (both directions) -> the decoder's initial h and c per layer.
-        self.bridge_h = nn.Linear(2 * H, cfg.dec_layers * Hd)
-        self.bridge_c = nn.Linear(2 * H, cfg.dec_layers * Hd)
+        self.bridge_h = Linear(2 * H, cfg.dec_layers * Hd)
+        self.bridge_c = Linear(2 * H, cfg.dec_layers * Hd)
         self.decoder = nn.LSTM(E + (self.out_dim if cfg.input_feeding else 0), Hd, cfg.dec_layers, batch_first=True,
                                dropout=cfg.dropout if cfg.dec_layers > 1 else 0.0)
         self.attention = Attention(cfg.attention, Hd, 2 * H, cfg.attn_dim)
-        self.combine = nn.Linear(Hd + 2 * H, self.out_dim, bias=False)
-        self.output = nn.Linear(self.out_dim, tgt_vocab_size, bias=False)
+        self.combine = Linear(Hd + 2 * H, self.out_dim, bias=False)
+        self.output = Linear(self.out_dim, tgt_vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.output.weight = self.tgt_embed.weight
 
@@ -99,6 +100,7 @@ class LSTMModel(nn.Module):
         attention = {"cross": [torch.stack(weights, dim=1)[:, None]]} if need_attention else None  # [(B, 1, T, S)]
         return ModelOutput(torch.stack(logits, dim=1), attention)
 
-    def select(self, state: dict, index: torch.Tensor) -> dict:
-        """Keep or repeat rows (N',); the per-sentence part moves only when the sentences change."""
+    def select(self, state: dict, index: torch.Tensor, inplace: bool = False) -> dict:
+        """Keep or repeat rows (N',); the per-sentence part moves only when the sentences change. Always
+        a copy (``inplace`` is ignored: the per-row state is a few vectors per row)."""
         return select_grouped(state, index, ("h", "c", "feed"), ("memory", "keys", "src_mask"), state["src_mask"].size(0))

@@ -5,8 +5,12 @@ calls that ``decode.py`` relies on, and nothing else:
 
 - ``encode(src, src_mask) -> state``: run the encoder once; the state holds what every step needs;
 - ``step(tokens (B,), state, need_attention) -> (logits (B, V), state, attention (B, S) or None)``:
-  one target position; the cache is a value passed in and handed back, never stashed on the module;
-- ``select(state, index)``: keep or repeat batch rows (beam search reorders hypotheses with it).
+  one target position; the cache is a value passed in and handed back, never stashed on the module
+  (a model may write preallocated buffers in place, as the Transformer does, if every state it ever
+  handed out still decodes the same: stepping or selecting from one state twice must work);
+- ``select(state, index, inplace=False)``: keep or repeat batch rows (beam search reorders hypotheses
+  with it). ``inplace=True`` says the caller is done with ``state``: the model may then overwrite its
+  storage (the searches pass it; a model is free to ignore it).
 
 A state is a dict whose tensors have the rows on dimension 0 (lists and tuples of such tensors are
 fine); plain ints are shared by the whole batch. Models keep what belongs to the source sentence (the
@@ -31,8 +35,9 @@ class ModelOutput:
     """With ``need_attention``: name -> one weight tensor per layer, e.g. ``cross``: (B, H, T, S)."""
 
 
-def select(state: Any, index: torch.Tensor) -> Any:
-    """``state`` with every batch-first tensor indexed by ``index`` (B',) along dimension 0."""
+def select(state: Any, index: torch.Tensor, inplace: bool = False) -> Any:
+    """``state`` with every batch-first tensor indexed by ``index`` (B',) along dimension 0 (always a
+    copy: ``inplace`` is accepted for the protocol and ignored)."""
     if isinstance(state, torch.Tensor):
         return state.index_select(0, index)
     if isinstance(state, dict):

@@ -16,6 +16,7 @@ from torch import nn
 
 from ..attention import Kernel, MultiHeadAttention, sparse_attention
 from ..config import TransformerConfig
+from ..linear import Linear
 from .protocol import ModelOutput, select_grouped
 
 
@@ -57,7 +58,7 @@ class Positions(nn.Module):
 
 class FeedForward(nn.Sequential):
     def __init__(self, d_model: int, d_ff: int, activation: str, dropout: float) -> None:
-        super().__init__(nn.Linear(d_model, d_ff), nn.ReLU() if activation == "relu" else nn.GELU(), nn.Dropout(dropout), nn.Linear(d_ff, d_model))
+        super().__init__(Linear(d_model, d_ff), nn.ReLU() if activation == "relu" else nn.GELU(), nn.Dropout(dropout), Linear(d_ff, d_model))
 
 
 class Sublayer(nn.Module):
@@ -106,49 +107,69 @@ class DecoderLayer(nn.Module):
         self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.dropout)
         self.sub_self, self.sub_cross, self.sub_ffn = (Sublayer(cfg.d_model, cfg.dropout, pre) for _ in range(3))
 
+    def _cross_attention(self, h, cross_kv, src_mask, need_weights, group, kernel=None):
+        """h (N, t, D) with ``group`` rows per sentence of ``cross_kv`` (the beams): they attend to their
+        sentence as extra query positions, so the cross-attention keys and values are never copied per
+        beam. Returns (out (N, t, D), weights (N, H, t, S) or None)."""
+        N, t, _ = h.shape
+        q = self.cross_attn.project_q(h)  # (N, H, t, dh) with N = B * group
+        if group == 1:
+            return self.cross_attn.attend(q, cross_kv[0], cross_kv[1], src_mask, need_weights=need_weights, kernel=kernel)
+        B, H = N // group, q.size(1)
+        q = q.view(B, group, H, t, -1).transpose(1, 2).reshape(B, H, group * t, -1)  # (B, H, group*t, dh)
+        out, weights = self.cross_attn.attend(q, cross_kv[0], cross_kv[1], src_mask, need_weights=need_weights, kernel=kernel)
+        out = out.reshape(N, t, -1)  # (B, group*t, D) -> (N, t, D)
+        if weights is not None:
+            weights = weights.view(B, H, group, t, -1).transpose(1, 2).reshape(N, H, t, -1)  # (N, H, t, S)
+        return out, weights
+
     def forward(
         self,
         x: torch.Tensor,  # (B, T, D)
-        self_kv: tuple[torch.Tensor, torch.Tensor] | None,
         cross_kv: tuple[torch.Tensor, torch.Tensor],
         src_mask: torch.Tensor,
         need_weights: bool,
-        group: int = 1,
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor], torch.Tensor | None, torch.Tensor | None]:
-        """Teacher forcing when ``self_kv`` is None (causal over x); otherwise x is the next position(s)
-        and its keys/values are appended to ``self_kv``. x has ``group`` rows per sentence of
-        ``cross_kv`` (the beams): they attend to their sentence as extra query positions, so the
-        cross-attention keys and values are never copied per beam. Returns (x, new self_kv, self
-        weights, cross weights)."""
-        new_kv = {}
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Teacher forcing, causal over x. Returns (x, self weights, cross weights)."""
 
         def self_attention(h: torch.Tensor):
-            q = self.self_attn.project_q(h)  # (B, H, t, dh)
-            k, v = self.self_attn.project_kv(h)  # (B, H, t, dh)
-            if self_kv is not None:
-                k, v = torch.cat([self_kv[0], k], dim=2), torch.cat([self_kv[1], v], dim=2)  # (B, H, past + t, dh)
-            new_kv["kv"] = (k, v)
-            # End-aligned causal mask: query i sees keys up to past + i; with t = 1 that is all of them.
-            causal = self_kv is None or h.size(1) > 1
-            return self.self_attn.attend(q, k, v, None, causal=causal, need_weights=need_weights)
-
-        def cross_attention(h: torch.Tensor):
-            N, t, _ = h.shape
-            q = self.cross_attn.project_q(h)  # (N, H, t, dh) with N = B * group
-            if group == 1:
-                return self.cross_attn.attend(q, cross_kv[0], cross_kv[1], src_mask, need_weights=need_weights)
-            B, H = N // group, q.size(1)
-            q = q.view(B, group, H, t, -1).transpose(1, 2).reshape(B, H, group * t, -1)  # (B, H, group*t, dh)
-            out, weights = self.cross_attn.attend(q, cross_kv[0], cross_kv[1], src_mask, need_weights=need_weights)
-            out = out.reshape(N, t, -1)  # (B, group*t, D) -> (N, t, D)
-            if weights is not None:
-                weights = weights.view(B, H, group, t, -1).transpose(1, 2).reshape(N, H, t, -1)  # (N, H, t, S)
-            return out, weights
+            q = self.self_attn.project_q(h)  # (B, H, T, dh)
+            k, v = self.self_attn.project_kv(h)  # (B, H, T, dh)
+            return self.self_attn.attend(q, k, v, None, causal=True, need_weights=need_weights)
 
         x, self_weights = self.sub_self(x, self_attention)
-        x, cross_weights = self.sub_cross(x, cross_attention)
+        x, cross_weights = self.sub_cross(x, lambda h: self._cross_attention(h, cross_kv, src_mask, need_weights, 1))
         x, _ = self.sub_ffn(x, lambda h: (self.ffn(h), None))
-        return x, new_kv["kv"], self_weights, cross_weights
+        return x, self_weights, cross_weights
+
+    def step(
+        self,
+        x: torch.Tensor,  # (N, 1, D): position ``pos`` of every row
+        cache: tuple[torch.Tensor, torch.Tensor],  # keys and values (N, H, capacity, dh), filled up to pos
+        pos: int,
+        cross_kv: tuple[torch.Tensor, torch.Tensor],
+        src_mask: torch.Tensor,
+        need_weights: bool,
+        group: int,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One decoding step: writes this position's keys and values into ``cache`` at ``pos`` (the
+        caller owns the buffers, see ``TransformerModel.step``) and attends over positions 0 .. pos, all
+        of which the new position may see. Returns (x, cross weights (N, H, 1, S) or None)."""
+
+        def self_attention(h: torch.Tensor):
+            q = self.self_attn.project_q(h)  # (N, H, 1, dh)
+            k, v = self.self_attn.project_kv(h)  # (N, H, 1, dh)
+            cache[0][:, :, pos : pos + 1] = k
+            cache[1][:, :, pos : pos + 1] = v
+            keys, values = cache[0][:, :, : pos + 1], cache[1][:, :, : pos + 1]  # (N, H, pos + 1, dh), views
+            return self.self_attn.attend(q, keys, values, None, kernel=self.self_attn.step_kernel)
+
+        x, _ = self.sub_self(x, self_attention)
+        x, cross_weights = self.sub_cross(
+            x, lambda h: self._cross_attention(h, cross_kv, src_mask, need_weights, group, self.cross_attn.step_kernel)
+        )
+        x, _ = self.sub_ffn(x, lambda h: (self.ffn(h), None))
+        return x, cross_weights
 
 
 class TransformerModel(nn.Module):
@@ -171,7 +192,7 @@ class TransformerModel(nn.Module):
         pre = cfg.norm == "pre"
         self.enc_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
         self.dec_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
-        self.output = nn.Linear(cfg.d_model, tgt_vocab_size, bias=False)
+        self.output = Linear(cfg.d_model, tgt_vocab_size, bias=False)
         if cfg.tie_output:
             self.output.weight = self.tgt_embed.weight
 
@@ -195,7 +216,7 @@ class TransformerModel(nn.Module):
         x = self._embed(self.tgt_embed, batch.tgt_in, 0)  # (B, T, D)
         self_weights, cross_weights = [], []
         for layer, cross_kv in zip(self.decoder, self._cross_kv(memory)):
-            x, _, sw, cw = layer(x, None, cross_kv, batch.src_mask, need_attention)
+            x, sw, cw = layer(x, cross_kv, batch.src_mask, need_attention)
             self_weights.append(sw)
             cross_weights.append(cw)
         logits = self.output(self.dec_norm(x))  # (B, T, V)
@@ -203,30 +224,90 @@ class TransformerModel(nn.Module):
         return ModelOutput(logits, attention)
 
     # ------------------------------------------------------------------ incremental decoding
+    #
+    # The self-attention cache is one key and one value buffer per layer, (N, H, capacity, dh), of
+    # which positions 0 .. pos - 1 are filled: a step writes one position in place instead of
+    # concatenating (which copies the whole cache every step), and ``select`` gathers only the filled
+    # part. States stay values: the buffers carry a ``_Filled`` record of how far they were written, and
+    # a step from a state that is no longer the newest on its buffers (its slot was written by another
+    # step from the same state) copies them first.
+
+    cache_capacity = 16  # positions allocated at first; the buffers double when full
+
+    def _new_cache(self, N: int, capacity: int, like: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        H = self.cfg.n_heads
+        shape = (N, H, capacity, self.cfg.d_model // H)
+        return [(like.new_empty(shape), like.new_empty(shape)) for _ in self.decoder]
 
     def encode(self, src: torch.Tensor, src_mask: torch.Tensor) -> dict:
         memory, _ = self._encode(src, src_mask, False)
-        B, H = src.size(0), self.cfg.n_heads
-        empty = memory.new_zeros(B, H, 0, self.cfg.d_model // H)  # (B, H, 0, dh)
         return {
             "src_mask": src_mask,  # per sentence
-            "cross_kv": self._cross_kv(memory),  # per sentence
-            "self_kv": [(empty, empty) for _ in self.decoder],  # per row
+            # Contiguous: every step multiplies by them, and a (B, H, S, dh) view of (B, S, H, dh) would be
+            # copied by each of those products.
+            "cross_kv": [(k.contiguous(), v.contiguous()) for k, v in self._cross_kv(memory)],  # per sentence
+            "self_kv": self._new_cache(src.size(0), self.cache_capacity, memory),  # per row
+            "filled": _Filled(0),
             "pos": 0,
             "group": 1,  # rows per sentence
         }
 
     def step(self, tokens: torch.Tensor, state: dict, need_attention: bool = False):
         """tokens (N,) -> (logits (N, V), new state, head-averaged last-layer cross-attention (N, S) or None)."""
-        x = self._embed(self.tgt_embed, tokens[:, None], state["pos"])  # (B, 1, D)
-        new_self_kv, cross = [], None
-        for layer, self_kv, cross_kv in zip(self.decoder, state["self_kv"], state["cross_kv"]):
-            x, kv, _, cross = layer(x, self_kv, cross_kv, state["src_mask"], need_attention, state["group"])
-            new_self_kv.append(kv)
-        logits = self.output(self.dec_norm(x[:, 0]))  # (B, V)
-        new_state = {**state, "self_kv": new_self_kv, "pos": state["pos"] + 1}
+        pos, cache, filled = state["pos"], state["self_kv"], _alive(state)
+        capacity = cache[0][0].size(2)
+        if filled.n != pos or pos == capacity:  # another step wrote past this state, or no room left
+            fresh = self._new_cache(tokens.size(0), capacity * 2 if pos == capacity else capacity, cache[0][0])
+            for (k, v), (k2, v2) in zip(cache, fresh):
+                k2[:, :, :pos], v2[:, :, :pos] = k[:, :, :pos], v[:, :, :pos]
+            cache, filled = fresh, _Filled(pos)
+        x = self._embed(self.tgt_embed, tokens[:, None], pos)  # (N, 1, D)
+        cross = None
+        for layer, layer_cache, cross_kv in zip(self.decoder, cache, state["cross_kv"]):
+            x, cross = layer.step(x, layer_cache, pos, cross_kv, state["src_mask"], need_attention, state["group"])
+        filled.n = pos + 1
+        logits = self.output(self.dec_norm(x[:, 0]))  # (N, V)
+        new_state = {**state, "self_kv": cache, "filled": filled, "pos": pos + 1}
         return logits, new_state, (cross[:, :, 0].mean(1) if need_attention else None)
 
-    def select(self, state: dict, index: torch.Tensor) -> dict:
-        """Keep or repeat rows (N',); the per-sentence part moves only when the sentences change."""
-        return select_grouped(state, index, ("self_kv",), ("src_mask", "cross_kv"), state["src_mask"].size(0))
+    def select(self, state: dict, index: torch.Tensor, inplace: bool = False) -> dict:
+        """Keep or repeat rows (N',); the per-sentence part moves only when the sentences change, and only
+        the filled positions of the cache are gathered.
+
+        ``inplace``: the caller is done with ``state``, so rows move within its buffers and only the rows
+        whose parent is another row are copied (beams often extend themselves: on a trained Multi30k
+        model about a third of the rows stay put). Using ``state`` afterwards raises RuntimeError."""
+        filled = _alive(state)
+        new = select_grouped(state, index, (), ("src_mask", "cross_kv"), state["src_mask"].size(0))
+        pos, cache, N = state["pos"], state["self_kv"], index.numel()
+        if inplace and filled.n == pos and N <= cache[0][0].size(0):
+            moved = (index != torch.arange(N, device=index.device)).nonzero()[:, 0]  # (m,) rows with a new parent
+            if moved.numel():
+                parents = index[moved]
+                for k, v in cache:
+                    # The right side is gathered first, so a row may be both read and overwritten.
+                    k[moved, :, :pos] = k[parents, :, :pos]
+                    v[moved, :, :pos] = v[parents, :, :pos]
+            filled.n = -1  # the old state is spent
+            return {**new, "self_kv": [(k[:N], v[:N]) for k, v in cache], "filled": _Filled(pos)}
+        fresh = self._new_cache(N, cache[0][0].size(2), cache[0][0])
+        for (k, v), (k2, v2) in zip(cache, fresh):
+            torch.index_select(k[:, :, :pos], 0, index, out=k2[:, :, :pos])
+            torch.index_select(v[:, :, :pos], 0, index, out=v2[:, :, :pos])
+        return {**new, "self_kv": fresh, "filled": _Filled(pos)}
+
+
+def _alive(state: dict) -> _Filled:
+    filled = state["filled"]
+    if filled.n < 0:
+        raise RuntimeError("this decoding state was given to select(..., inplace=True) and may not be used again")
+    return filled
+
+
+class _Filled:
+    """How many positions of a set of cache buffers have been written (shared by the states on them)."""
+
+    __slots__ = ("n",)
+
+    def __init__(self, n: int) -> None:
+        self.n = n
