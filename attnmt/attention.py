@@ -552,7 +552,7 @@ class MultiHeadAttention(nn.Module):
 
         `sdpa` steps with `math`: the same product, but the fused CPU kernel's
         per-call setup costs more than the whole product at one query per row
-        (2-4x slower at decoding shapes, `scripts/bench_decode.py --kernels`).
+        (1.7-2.6x slower at decoding shapes, `scripts/bench_decode.py --parts`).
         Any other kernel steps with itself.
         """
         return math_attention if self.kernel is sdpa_attention else self.kernel

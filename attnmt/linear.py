@@ -2,9 +2,9 @@
 
 PyTorch's CPU ``F.linear`` calls MKL's sgemm on the weight as stored, every time. oneDNN can instead
 reorder the weight once into the blocked layout its GEMM kernels read fastest (the step
-``torch.compile`` takes for frozen CPU weights), which makes the decoder's products 15-30% faster at
-decoding sizes (320 x 256 by 256 x 8,000: 9.5 ms -> 6.6 ms on 2 cores; ``scripts/bench_decode.py
---linear``). The packed copy is kept on the module, out of ``state_dict``, and is made again whenever
+``torch.compile`` takes for frozen CPU weights), which makes the decoder's larger products 10-35%
+faster at decoding sizes (320 x 256 by 256 x 8,000, the output layer: 8.7 ms -> 6.5 ms on 2 cores;
+``scripts/bench_decode.py --parts``). The packed copy is kept on the module, out of ``state_dict``, and is made again whenever
 the weight changes (an optimizer step, a loaded checkpoint): the key is the tensor's storage and its
 version counter.
 

@@ -2,6 +2,7 @@
 
     python scripts/bench_decode.py --models runs/multi30k_de_en_transformer runs/multi30k_de_en_lstm
     python scripts/bench_decode.py --equal-work --peers      # + HF generate and CTranslate2 in one run
+    python scripts/bench_decode.py --parts                   # the decoder's pieces, old against new
 
 Part 1 (``--models``): sentences/s and generated tokens/s of greedy and beam-5 search on the 1,000
 test_2016_flickr sentences, batches of 64 in file order, with each trained model.
@@ -119,6 +120,54 @@ def equal_work(runs: int, batch_size: int, length: int) -> list[dict]:
     return rows
 
 
+def parts(reps: int) -> list[dict]:
+    """The pieces the decoder chose against what they replace, side by side in this process, at the
+    equal-work sizes (batch 64 x beam 5 = 320 rows, d_model 256, 4 heads, 16 cached positions, 20
+    source pieces): median microseconds per call over ``reps`` rounds, alternating the two."""
+    import torch
+    import torch.nn.functional as F
+
+    from attnmt import linear
+    from attnmt.attention import math_attention, sdpa_attention
+
+    def timed(fn, calls: int = 20) -> float:
+        fn()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        return (time.perf_counter() - start) / calls * 1e6
+
+    torch.manual_seed(0)
+    N, B, H, dh, t, S = 320, 64, 4, 64, 16, 20
+    cases = []
+    for d_in, d_out in ((256, 256), (256, 1024), (1024, 256), (256, 8000)):
+        layer = linear.Linear(d_in, d_out, bias=d_out != 8000)
+        x = torch.randn(N, d_in)
+        cases.append((f"linear {N}x{d_in} -> {d_out}", "F.linear (MKL)", lambda x=x, m=layer: F.linear(x, m.weight, m.bias),
+                      "attnmt Linear (packed oneDNN)", lambda x=x, m=layer: m(x)))
+    q, k, v = torch.randn(N, H, 1, dh), torch.randn(N, H, t, dh), torch.randn(N, H, t, dh)
+    cases.append((f"self-attention step {N}x{H}x1 over {t}", "sdpa", lambda: sdpa_attention(q, k, v),
+                  "math (step kernel)", lambda: math_attention(q, k, v)))
+    qc, kc, vc = torch.randn(B, H, 5, dh), torch.randn(B, H, S, dh), torch.randn(B, H, S, dh)
+    mask = torch.ones(B, 1, 1, S, dtype=torch.bool)
+    mask[::2, ..., S // 2 :] = False
+    cases.append((f"cross-attention step {B}x{H}x5 over {S}, padded", "sdpa", lambda: sdpa_attention(qc, kc, vc, mask),
+                  "math (step kernel)", lambda: math_attention(qc, kc, vc, mask)))
+    rows = []
+    with torch.inference_mode():
+        for name, old_name, old, new_name, new in cases:
+            olds, news = [], []
+            for _ in range(reps):
+                olds.append(timed(old))
+                news.append(timed(new))
+            row = {"part": name, "old": old_name, "old_us": round(statistics.median(olds)), "new": new_name,
+                   "new_us": round(statistics.median(news))}
+            row["speedup"] = round(row["old_us"] / row["new_us"], 2)
+            rows.append(row)
+            print("PART " + json.dumps(row), flush=True)
+    return rows
+
+
 def peers(runs: int, batch_size: int, length: int, threads: int) -> list[dict]:
     anchors = Path(os.environ.get("ANCHORS_DIR", Path.home() / ".cache" / "attnmt-anchors"))
     python = anchors / "venv" / "bin" / "python"
@@ -141,6 +190,7 @@ def main() -> None:
     ap.add_argument("--models", nargs="*", type=Path, default=[])
     ap.add_argument("--equal-work", action="store_true")
     ap.add_argument("--peers", action="store_true", help="with --equal-work: also HF generate and CTranslate2")
+    ap.add_argument("--parts", action="store_true", help="the decoder's pieces against what they replace")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--length", type=int, default=30)
@@ -150,6 +200,10 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
+    if args.parts:
+        print(f"\n{'part':<46}{'old':>32}{'us':>8}{'new':>32}{'us':>8}{'speedup':>9}")
+        for r in parts(max(args.runs, 5)):
+            print(f"{r['part']:<46}{r['old']:>32}{r['old_us']:>8}{r['new']:>32}{r['new_us']:>8}{r['speedup']:>8.2f}x")
     rows = trained(args.models, args.runs, args.batch_size) if args.models else []
     if args.equal_work:
         mine = equal_work(args.runs, args.batch_size, args.length)
@@ -162,6 +216,8 @@ def main() -> None:
                 for r in theirs:
                     if r["beam"] == beam:
                         print(f"beam {beam}: attnmt / {r['engine']} = {ours['sents_per_s'] / r['sents_per_s']:.2f}x")
+    if not rows:
+        return
     print(f"\n{'engine':<44}{'beam':>5}{'sent/s':>9}{'tok/s':>10}{'median s':>10}")
     for r in rows:
         print(f"{r['engine']:<44}{r['beam']:>5}{r['sents_per_s']:>9.1f}{r['gen_tokens_per_s']:>10.1f}{r['median_s']:>10.2f}")
