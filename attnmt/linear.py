@@ -10,7 +10,8 @@ version counter.
 
 The packed path is taken only for float32 CPU inputs with gradients off (``torch.no_grad`` or
 ``torch.inference_mode``) when this PyTorch build has the oneDNN ops; everything else, training
-included, is plain ``F.linear``. Results agree with ``F.linear`` to float32 rounding (the tests
+included, is plain ``F.linear`` (so is a layer created under ``torch.inference_mode``, whose weight
+has no version counter to notice changes by). Results agree with ``F.linear`` to float32 rounding (the tests
 compare them), and each row is computed on its own, so a sentence's output does not depend on its
 batch.
 """
@@ -59,6 +60,7 @@ class Linear(nn.Linear):
             and x.dtype == torch.float32
             and x.device.type == "cpu"
             and self.weight.dtype == torch.float32
+            and not self.weight.is_inference()  # made under inference_mode: no version counter to key on
             and x.dim() >= 2
             and x.numel() > 0
         ):

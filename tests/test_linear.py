@@ -110,3 +110,15 @@ def test_packed_copy_stays_out_of_state_dict_and_copies():
         x = torch.randn(3, 16)
         torch.testing.assert_close(clone(x), reference(clone, x), atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(lin(x), reference(lin, x), atol=1e-5, rtol=1e-5)
+
+
+def test_a_layer_made_under_inference_mode_works():
+    with torch.inference_mode():
+        lin = Linear(16, 8)  # an inference tensor weight: no version counter
+        x = torch.randn(4, 16)
+        out, expected = lin(x), reference(lin, x)
+        lin.weight.mul_(2)  # allowed in inference mode, and must be seen
+        twice, expected_twice = lin(x), reference(lin, x)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(twice, expected_twice, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(out, twice)
