@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnmt.linear import Linear
+from attnmt.linear import Linear, stacked
 from attnmt.masks import causal_mask, combine_masks, masked_softmax, normalise_mask
 
 # --------------------------------------------------------------------------- scores
@@ -542,6 +542,14 @@ class MultiHeadAttention(nn.Module):
         """Queries x (B, T, D) -> (B, H, T, dh)."""
         return self._split_heads(self.q_proj(x))
 
+    def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Self-attention: x (B, T, D) -> (q, k, v), each (B, H, T, dh); one product when packing applies."""
+        if self.heads == "full":
+            q, k, v = stacked([self.q_proj, self.k_proj, self.v_proj], x)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        return self._split_heads(q), self._split_heads(k), self._split_heads(v)
+
     def project_kv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys/values x (B, S, D) -> (k, v), each (B, H, S, dh); cache these when decoding."""
         return self._split_heads(self.k_proj(x)), self._split_heads(self.v_proj(x))
@@ -598,7 +606,10 @@ class MultiHeadAttention(nn.Module):
         need_weights: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """query (B, T, D), key and value (B, S, D) -> (out (B, T, D), weights (B, H, T, S) or None)."""
-        q = self.project_q(query)  # (B, H, T, dh)
-        k = self._split_heads(self.k_proj(key))  # (B, H, S, dh)
-        v = self._split_heads(self.v_proj(value))  # (B, H, S, dh)
+        if query is key and key is value:
+            q, k, v = self.project_qkv(query)  # each (B, H, T, dh)
+        else:
+            q = self.project_q(query)  # (B, H, T, dh)
+            k = self._split_heads(self.k_proj(key))  # (B, H, S, dh)
+            v = self._split_heads(self.v_proj(value))  # (B, H, S, dh)
         return self.attend(q, k, v, mask, causal, need_weights)

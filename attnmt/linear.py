@@ -38,37 +38,71 @@ _OPS = _packed_ops()
 ENABLED = _OPS is not None  # module-level switch (tests turn it off to compare)
 
 
+def _packable(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    return (
+        ENABLED
+        and not torch.is_grad_enabled()
+        and x.dtype == torch.float32
+        and x.device.type == "cpu"
+        and weight.dtype == torch.float32
+        and not weight.is_inference()  # made under inference_mode: no version counter to key on
+        and x.dim() >= 2
+        and x.numel() > 0
+    )
+
+
+def _key(*weights: torch.Tensor) -> tuple:
+    return tuple((w.data_ptr(), w._version, tuple(w.shape)) for w in weights)
+
+
+def _packed_product(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, activation: str) -> torch.Tensor:
+    rows = x.reshape(-1, x.size(-1)).contiguous()  # (M, in)
+    out = _OPS[1](rows, packed, bias, activation, [], "")  # (M, out)
+    return out.view(*x.shape[:-1], out.size(-1))
+
+
 class Linear(nn.Linear):
-    """``nn.Linear`` (same parameters, same ``state_dict``) with the prepacked inference path."""
+    """``nn.Linear`` (same parameters, same ``state_dict``) with the prepacked inference path.
+
+    ``forward(x, relu=True)`` is ``relu(linear(x))``, fused into the product on the packed path."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._packed: tuple[tuple, torch.Tensor] | None = None
+        self._stacked: tuple[tuple, torch.Tensor, torch.Tensor | None] | None = None
 
     def _packed_weight(self) -> torch.Tensor:
-        weight = self.weight
-        key = (weight.data_ptr(), weight._version, tuple(weight.shape))
+        key = _key(self.weight)
         if self._packed is None or self._packed[0] != key:
             with torch.inference_mode():
-                self._packed = (key, _OPS[0](weight.detach(), 64))
+                self._packed = (key, _OPS[0](self.weight.detach(), 64))
         return self._packed[1]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if (
-            ENABLED
-            and not torch.is_grad_enabled()
-            and x.dtype == torch.float32
-            and x.device.type == "cpu"
-            and self.weight.dtype == torch.float32
-            and not self.weight.is_inference()  # made under inference_mode: no version counter to key on
-            and x.dim() >= 2
-            and x.numel() > 0
-        ):
-            rows = x.reshape(-1, x.size(-1)).contiguous()  # (M, in)
+    def forward(self, x: torch.Tensor, relu: bool = False) -> torch.Tensor:
+        if _packable(x, self.weight):
             bias = None if self.bias is None else self.bias.detach()
-            out = _OPS[1](rows, self._packed_weight(), bias, "none", [], "")  # (M, out)
-            return out.view(*x.shape[:-1], out.size(-1))
-        return F.linear(x, self.weight, self.bias)
+            return _packed_product(x, self._packed_weight(), bias, "relu" if relu else "none")
+        out = F.linear(x, self.weight, self.bias)
+        return F.relu(out) if relu else out
 
     def __getstate__(self):  # a pickled or deep-copied module packs again where it lands
-        return {**self.__dict__, "_packed": None}
+        return {**self.__dict__, "_packed": None, "_stacked": None}
+
+
+def stacked(layers: list[Linear], x: torch.Tensor) -> list[torch.Tensor]:
+    """``[layer(x) for layer in layers]``, as one product on the packed path (the weights stacked and
+    packed together, kept on the first layer): a self-attention's query, key and value projections."""
+    first = layers[0]
+    if not (_packable(x, first.weight) and all(isinstance(m, Linear) and not m.weight.is_inference() for m in layers)):
+        return [layer(x) for layer in layers]
+    key = _key(*(m.weight for m in layers)) + _key(*(m.bias for m in layers if m.bias is not None))
+    if first._stacked is None or first._stacked[0] != key:
+        with torch.inference_mode():
+            weight = torch.cat([m.weight.detach() for m in layers])  # (sum out, in)
+            has_bias = [m.bias is not None for m in layers]
+            bias = None
+            if any(has_bias):
+                bias = torch.cat([m.bias.detach() if m.bias is not None else m.weight.new_zeros(m.out_features) for m in layers])
+            first._stacked = (key, _OPS[0](weight, 64), bias)
+    out = _packed_product(x, first._stacked[1], first._stacked[2], "none")  # (..., sum out)
+    return list(out.split([m.out_features for m in layers], dim=-1))

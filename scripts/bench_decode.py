@@ -13,7 +13,8 @@ embeddings, the same 1,000 sentences in the same batches of 64, and every output
 new tokens (attnmt: ``min_len = 30`` and the limit ``max_len_a = 0, max_len_b = 30``; attnmt's search
 then takes one more step to score the forced EOS, which the peers' forced lengths do not, so attnmt
 does 31/30 of their work). ``--peers`` runs that script in the peers' virtual environment
-(``bash ../shared/peers/setup.sh``) in the same invocation, right after attnmt.
+(``bash ../shared/peers/setup.sh``) in the same invocation, in rounds that alternate with attnmt: each
+round is one timed pass of every engine, and ratios are the median of the per-round ratios.
 
 Each configuration: one warm-up batch, then the median of ``--runs`` full passes. ``--threads`` (2)
 torch threads everywhere.
@@ -185,13 +186,45 @@ def peers(runs: int, batch_size: int, length: int, threads: int) -> list[dict]:
     return rows
 
 
+def interleaved(rounds: int, batch_size: int, length: int, threads: int) -> list[dict]:
+    """attnmt and the peers in alternation: each round times one pass of every engine (attnmt here,
+    then the peers' script with ``--runs 1``), so a slow spell on the shared machine falls on all of
+    them. Per engine: the median over rounds; per pair: the median of the per-round ratios."""
+    per_round: list[dict[tuple[str, int], dict]] = []
+    for r in range(rounds):
+        found = {(row["engine"], row["beam"]): row for row in equal_work(1, batch_size, length)}
+        theirs = peers(1, batch_size, length, threads)
+        if not theirs:
+            sys.exit("peers failed: see above")
+        found.update({(row["engine"], row["beam"]): row for row in theirs})
+        per_round.append(found)
+        print(f"round {r + 1}/{rounds}: " + ", ".join(f"{e} b{b} {row['sents_per_s']}" for (e, b), row in found.items()), flush=True)
+    rows = []
+    for key in per_round[0]:
+        rates = [found[key]["sents_per_s"] for found in per_round]
+        tokens = [found[key]["gen_tokens_per_s"] for found in per_round]
+        median = statistics.median(rates)
+        rows.append({"engine": key[0], "beam": key[1], "sents_per_s": median, "gen_tokens_per_s": statistics.median(tokens),
+                     "median_s": statistics.median(found[key]["median_s"] for found in per_round), "rounds_sents_per_s": rates})
+        print("RESULT " + json.dumps(rows[-1]), flush=True)
+    ours = "attnmt (random weights)"
+    for beam in (1, 5):
+        for engine, b in per_round[0]:
+            if b != beam or engine == ours:
+                continue
+            ratios = [found[(ours, beam)]["sents_per_s"] / found[(engine, beam)]["sents_per_s"] for found in per_round]
+            print(f"beam {beam}: attnmt / {engine} = {statistics.median(ratios):.2f}x "
+                  f"(per round: {', '.join(f'{x:.2f}' for x in ratios)})")
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="*", type=Path, default=[])
     ap.add_argument("--equal-work", action="store_true")
     ap.add_argument("--peers", action="store_true", help="with --equal-work: also HF generate and CTranslate2")
     ap.add_argument("--parts", action="store_true", help="the decoder's pieces against what they replace")
-    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=3, help="passes per configuration (with --peers: rounds)")
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--length", type=int, default=30)
     ap.add_argument("--threads", type=int, default=2)
@@ -205,17 +238,10 @@ def main() -> None:
         for r in parts(max(args.runs, 5)):
             print(f"{r['part']:<46}{r['old']:>32}{r['old_us']:>8}{r['new']:>32}{r['new_us']:>8}{r['speedup']:>8.2f}x")
     rows = trained(args.models, args.runs, args.batch_size) if args.models else []
-    if args.equal_work:
-        mine = equal_work(args.runs, args.batch_size, args.length)
-        rows += mine
-        if args.peers:
-            theirs = peers(args.runs, args.batch_size, args.length, args.threads)
-            rows += theirs
-            for beam in (1, 5):
-                ours = next(r for r in mine if r["beam"] == beam)
-                for r in theirs:
-                    if r["beam"] == beam:
-                        print(f"beam {beam}: attnmt / {r['engine']} = {ours['sents_per_s'] / r['sents_per_s']:.2f}x")
+    if args.equal_work and not args.peers:
+        rows += equal_work(args.runs, args.batch_size, args.length)
+    if args.equal_work and args.peers:
+        rows += interleaved(args.runs, args.batch_size, args.length, args.threads)
     if not rows:
         return
     print(f"\n{'engine':<44}{'beam':>5}{'sent/s':>9}{'tok/s':>10}{'median s':>10}")

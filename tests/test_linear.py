@@ -122,3 +122,36 @@ def test_a_layer_made_under_inference_mode_works():
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(twice, expected_twice, atol=1e-5, rtol=1e-5)
     assert not torch.allclose(out, twice)
+
+
+@pytest.mark.parametrize("packing", [True, False], ids=["packed", "plain"])
+def test_fused_relu_equals_relu_of_the_product(packing, monkeypatch):
+    monkeypatch.setattr(linear, "ENABLED", packing and linear.ENABLED)
+    torch.manual_seed(0)
+    lin = Linear(16, 24)
+    x = torch.randn(3, 5, 16)
+    with torch.no_grad():
+        out = lin(x, relu=True)
+    torch.testing.assert_close(out, F.relu(reference(lin, x)), atol=1e-5, rtol=1e-5)
+    assert (out >= 0).all() and (out == 0).any()
+
+
+@pytest.mark.parametrize("packing", [True, False], ids=["packed", "plain"])
+def test_stacked_equals_each_layer(packing, monkeypatch):
+    """stacked([q, k, v], x) is the three products; the stacked weight follows any of them changing."""
+    monkeypatch.setattr(linear, "ENABLED", packing and linear.ENABLED)
+    torch.manual_seed(0)
+    layers = [Linear(16, 8), Linear(16, 12, bias=False), Linear(16, 8)]
+    x = torch.randn(2, 3, 16)
+    with torch.no_grad():
+        outs = linear.stacked(layers, x)
+        for layer, out in zip(layers, outs):
+            torch.testing.assert_close(out, reference(layer, x), atol=1e-5, rtol=1e-5)
+        layers[2].bias.add_(1)  # a change to the last layer's bias alone
+        changed = linear.stacked(layers, x)
+        torch.testing.assert_close(changed[2], reference(layers[2], x), atol=1e-5, rtol=1e-5)
+    assert [o.shape[-1] for o in outs] == [8, 12, 8]
+    with torch.enable_grad():  # training: the layers themselves, differentiable
+        grads = linear.stacked(layers, x)
+        sum(g.sum() for g in grads).backward()
+    assert all(m.weight.grad is not None for m in layers)

@@ -60,6 +60,14 @@ class FeedForward(nn.Sequential):
     def __init__(self, d_model: int, d_ff: int, activation: str, dropout: float) -> None:
         super().__init__(Linear(d_model, d_ff), nn.ReLU() if activation == "relu" else nn.GELU(), nn.Dropout(dropout), Linear(d_ff, d_model))
 
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        first, activation, dropout, second = self
+        if isinstance(activation, nn.ReLU):
+            h = first(x, relu=True)  # fused into the product when inference packs it
+        else:
+            h = activation(first(x))
+        return second(dropout(h))
+
 
 class Sublayer(nn.Module):
     """A residual around one sublayer: pre-norm x + f(norm(x)), or post-norm norm(x + f(x))."""
@@ -133,8 +141,7 @@ class DecoderLayer(nn.Module):
         """Teacher forcing, causal over x. Returns (x, self weights, cross weights)."""
 
         def self_attention(h: torch.Tensor):
-            q = self.self_attn.project_q(h)  # (B, H, T, dh)
-            k, v = self.self_attn.project_kv(h)  # (B, H, T, dh)
+            q, k, v = self.self_attn.project_qkv(h)  # each (B, H, T, dh)
             return self.self_attn.attend(q, k, v, None, causal=True, need_weights=need_weights)
 
         x, self_weights = self.sub_self(x, self_attention)
@@ -157,8 +164,7 @@ class DecoderLayer(nn.Module):
         of which the new position may see. Returns (x, cross weights (N, H, 1, S) or None)."""
 
         def self_attention(h: torch.Tensor):
-            q = self.self_attn.project_q(h)  # (N, H, 1, dh)
-            k, v = self.self_attn.project_kv(h)  # (N, H, 1, dh)
+            q, k, v = self.self_attn.project_qkv(h)  # each (N, H, 1, dh)
             cache[0][:, :, pos : pos + 1] = k
             cache[1][:, :, pos : pos + 1] = v
             keys, values = cache[0][:, :, : pos + 1], cache[1][:, :, : pos + 1]  # (N, H, pos + 1, dh), views
