@@ -295,12 +295,14 @@ def _translator(model_path: Path, beam_size, nbest, max_tokens, device, length_p
 
     from .checkpoint import load_model
     from .decode import Translator
+    from .runtime import keep_freed_memory
 
     if device not in ("auto", "cpu", "cuda"):
         raise ConfigError(f"--device: {device!r} is not one of auto, cpu, cuda")
     if device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device: CUDA is not available on this machine; use --device cpu")
     dev = torch.device("cuda" if device in ("auto", "cuda") and torch.cuda.is_available() else "cpu")
+    keep_freed_memory()  # decoding reuses the same large blocks every step; see runtime.py
     model, tokenizer, cfg, path = load_model(model_path, dev)
     d = cfg.decode
     beam = beam_size if beam_size is not None else max(d.beam_size, nbest)

@@ -224,6 +224,7 @@ def main() -> None:
     ap.add_argument("--equal-work", action="store_true")
     ap.add_argument("--peers", action="store_true", help="with --equal-work: also HF generate and CTranslate2")
     ap.add_argument("--parts", action="store_true", help="the decoder's pieces against what they replace")
+    ap.add_argument("--no-malloc-tuning", action="store_true", help="leave glibc's malloc at its defaults")
     ap.add_argument("--runs", type=int, default=3, help="passes per configuration (with --peers: rounds)")
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--length", type=int, default=30)
@@ -232,7 +233,12 @@ def main() -> None:
 
     import torch
 
+    from attnmt.runtime import keep_freed_memory
+
     torch.set_num_threads(args.threads)
+    # As `attnmt translate` and `attnmt eval` do (attnmt/runtime.py); --no-malloc-tuning measures without.
+    tuned = not args.no_malloc_tuning and keep_freed_memory()
+    print(f"malloc tuning: {'on' if tuned else 'off'}", flush=True)
     if args.parts:
         print(f"\n{'part':<46}{'old':>32}{'us':>8}{'new':>32}{'us':>8}{'speedup':>9}")
         for r in parts(max(args.runs, 5)):

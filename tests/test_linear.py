@@ -155,3 +155,4 @@ def test_stacked_equals_each_layer(packing, monkeypatch):
         grads = linear.stacked(layers, x)
         sum(g.sum() for g in grads).backward()
     assert all(m.weight.grad is not None for m in layers)
+
