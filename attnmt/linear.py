@@ -6,7 +6,9 @@ reorder the weight once into the blocked layout its GEMM kernels read fastest (t
 faster at decoding sizes (320 x 256 by 256 x 8,000, the output layer: 8.7 ms -> 6.5 ms on 2 cores;
 ``scripts/bench_decode.py --parts``). The packed copy is kept on the module, out of ``state_dict``, and is made again whenever
 the weight changes (an optimizer step, a loaded checkpoint): the key is the tensor's storage and its
-version counter.
+version counter, and ``train()`` / ``eval()`` drop it. A change that bypasses the version counter
+(writing through ``weight.data``, or a fused optimizer kernel) while the module stays in eval mode is
+not seen until the next ``eval()``.
 
 The packed path is taken only for float32 CPU inputs with gradients off (``torch.no_grad`` or
 ``torch.inference_mode``) when this PyTorch build has the oneDNN ops; everything else, training
@@ -46,6 +48,7 @@ def _packable(x: torch.Tensor, weight: torch.Tensor) -> bool:
         and x.device.type == "cpu"
         and weight.dtype == torch.float32
         and not weight.is_inference()  # made under inference_mode: no version counter to key on
+        and not torch._C._is_fwd_grad_enabled()  # forward-mode AD needs the differentiable F.linear
         and x.dim() >= 2
         and x.numel() > 0
     )
@@ -84,6 +87,12 @@ class Linear(nn.Linear):
             return _packed_product(x, self._packed_weight(), bias, "relu" if relu else "none")
         out = F.linear(x, self.weight, self.bias)
         return F.relu(out) if relu else out
+
+    def train(self, mode: bool = True) -> Linear:
+        """Also drops the packed copies, so ``model.eval()`` (which every decoding path calls) always packs
+        the weights as they are then, even after a change the version counter does not see."""
+        self._packed = self._stacked = None
+        return super().train(mode)
 
     def __getstate__(self):  # a pickled or deep-copied module packs again where it lands
         return {**self.__dict__, "_packed": None, "_stacked": None}

@@ -156,3 +156,28 @@ def test_stacked_equals_each_layer(packing, monkeypatch):
         sum(g.sum() for g in grads).backward()
     assert all(m.weight.grad is not None for m in layers)
 
+
+
+@needs_packing
+def test_eval_repacks_after_a_change_the_version_counter_misses():
+    torch.manual_seed(0)
+    lin = Linear(16, 8).eval()
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        lin(x)
+        lin.weight.data.copy_(torch.randn(8, 16))  # through .data: no version bump
+        lin.eval()  # what every decoding path does first
+        torch.testing.assert_close(lin(x), reference(lin, x), atol=1e-5, rtol=1e-5)
+
+
+@needs_packing
+def test_forward_mode_ad_keeps_its_tangent():
+    import torch.autograd.forward_ad as fwAD
+
+    torch.manual_seed(0)
+    lin = Linear(16, 8)
+    x, tangent = torch.randn(4, 16), torch.randn(4, 16)
+    with torch.no_grad(), fwAD.dual_level():
+        out = fwAD.unpack_dual(lin(fwAD.make_dual(x, tangent)))
+    assert out.tangent is not None
+    torch.testing.assert_close(out.tangent, tangent @ lin.weight.detach().T, atol=1e-5, rtol=1e-5)

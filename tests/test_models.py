@@ -242,6 +242,57 @@ def test_a_state_given_to_select_in_place_is_refused_afterwards(name):
             model.step(batch.tgt_in[:, 1], state)
 
 
+@every_model
+def test_decoding_with_gradients_gives_the_teacher_forcing_gradients(name):
+    """Stepping and selecting with autograd recording (e.g. sequence-level training) is differentiable:
+    the gradient of the stepped logits equals that of the teacher-forced ones."""
+    batch = batch_of()
+    index = torch.tensor([2, 0, 0, 1, 2])
+    grads = []
+    for stepped in (False, True):
+        model = make_model(CONFIGS[name])
+        if stepped:
+            state = model.encode(batch.src, batch.src_mask)
+            logits = []
+            for t in range(batch.tgt_in.size(1)):
+                rows = index if t >= 3 else torch.arange(3)
+                if t == 3:
+                    state = model.select(state, index, inplace=True)  # ignored while recording
+                step_logits, state, _ = model.step(batch.tgt_in[rows, t], state)
+                logits.append(step_logits)
+            loss = sum((lg * torch.linspace(-1, 1, V, dtype=lg.dtype)).sum() for lg in logits)
+        else:
+            full = model(batch).logits
+            loss = sum((full[(index if t >= 3 else torch.arange(3)), t] * torch.linspace(-1, 1, V, dtype=full.dtype)).sum()
+                       for t in range(batch.tgt_in.size(1)))
+        loss.backward()
+        grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
+    assert len(grads[0]) == len(grads[1]) > 0
+    for a, b in zip(*grads):
+        assert_close(b, a, atol=1e-8)
+
+
+@pytest.mark.parametrize("name", TRANSFORMER_NAMES)
+def test_fp32_decoding_with_packed_products_follows_teacher_forcing(name, monkeypatch):
+    """float32, so the prepacked oneDNN products, the stacked Q/K/V and the fused ReLU all run (the
+    float64 tests above take F.linear); a 2-position cache grows through 16 across an in-place select."""
+    torch.manual_seed(0)
+    model = build_model(CONFIGS[name], V, V, PAD_ID).eval()
+    monkeypatch.setattr(model, "cache_capacity", 2)
+    batch = batch_of(SRC, sentences([12, 17, 9], seed=5))
+    index = torch.tensor([2, 0, 0, 1, 2])
+    with torch.no_grad():
+        full = model(batch).logits
+        state = model.encode(batch.src, batch.src_mask)
+        for t in range(batch.tgt_in.size(1)):
+            rows = index if t >= 3 else torch.arange(3)
+            if t == 3:
+                state = model.select(state, index, inplace=True)
+            logits, state, _ = model.step(batch.tgt_in[rows, t], state)
+            assert_close(logits, full[rows, t], atol=1e-5)
+    assert state["self_kv"][0][0].size(2) == 32
+
+
 # ----------------------------------------------------------------- padding and batch neighbours
 
 

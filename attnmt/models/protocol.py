@@ -9,8 +9,8 @@ calls that ``decode.py`` relies on, and nothing else:
   (a model may write preallocated buffers in place, as the Transformer does, if every state it ever
   handed out still decodes the same: stepping or selecting from one state twice must work);
 - ``select(state, index, inplace=False)``: keep or repeat batch rows (beam search reorders hypotheses
-  with it). ``inplace=True`` says the caller is done with ``state``: the model may then overwrite its
-  storage (the searches pass it; a model is free to ignore it).
+  with it). ``inplace=True`` says the caller is done with ``state`` and with the states it was stepped
+  from: the model may then overwrite their storage (the searches pass it; a model is free to ignore it).
 
 A state is a dict whose tensors have the rows on dimension 0 (lists and tuples of such tensors are
 fine); plain ints are shared by the whole batch. Models keep what belongs to the source sentence (the

@@ -262,7 +262,9 @@ class TransformerModel(nn.Module):
         """tokens (N,) -> (logits (N, V), new state, head-averaged last-layer cross-attention (N, S) or None)."""
         pos, cache, filled = state["pos"], state["self_kv"], _alive(state)
         capacity = cache[0][0].size(2)
-        if filled.n != pos or pos == capacity:  # another step wrote past this state, or no room left
+        # Fresh buffers when another step wrote past this state, when there is no room left, or when
+        # autograd is recording (it must not see a buffer that an earlier step's attention read be written).
+        if filled.n != pos or pos == capacity or torch.is_grad_enabled():
             fresh = self._new_cache(tokens.size(0), capacity * 2 if pos == capacity else capacity, cache[0][0])
             for (k, v), (k2, v2) in zip(cache, fresh):
                 k2[:, :, :pos], v2[:, :, :pos] = k[:, :, :pos], v[:, :, :pos]
@@ -280,13 +282,14 @@ class TransformerModel(nn.Module):
         """Keep or repeat rows (N',); the per-sentence part moves only when the sentences change, and only
         the filled positions of the cache are gathered.
 
-        ``inplace``: the caller is done with ``state``, so rows move within its buffers and only the rows
-        whose parent is another row are copied (beams often extend themselves: on a trained Multi30k
-        model about a third of the rows stay put). Using ``state`` afterwards raises RuntimeError."""
+        ``inplace``: the caller is done with ``state`` and with the states it was stepped from, so rows
+        move within their shared buffers and only the rows whose parent is another row are copied (beams
+        often extend themselves: on a trained Multi30k model about a third of the rows stay put). Using
+        any of those states afterwards raises RuntimeError. With autograd recording, always a copy."""
         filled = _alive(state)
         new = select_grouped(state, index, (), ("src_mask", "cross_kv"), state["src_mask"].size(0))
         pos, cache, N = state["pos"], state["self_kv"], index.numel()
-        if inplace and filled.n == pos and N <= cache[0][0].size(0):
+        if inplace and filled.n == pos and N <= cache[0][0].size(0) and not torch.is_grad_enabled():
             moved = (index != torch.arange(N, device=index.device)).nonzero()[:, 0]  # (m,) rows with a new parent
             if moved.numel():
                 parents = index[moved]
@@ -298,15 +301,20 @@ class TransformerModel(nn.Module):
             return {**new, "self_kv": [(k[:N], v[:N]) for k, v in cache], "filled": _Filled(pos)}
         fresh = self._new_cache(N, cache[0][0].size(2), cache[0][0])
         for (k, v), (k2, v2) in zip(cache, fresh):
-            torch.index_select(k[:, :, :pos], 0, index, out=k2[:, :, :pos])
-            torch.index_select(v[:, :, :pos], 0, index, out=v2[:, :, :pos])
+            if torch.is_grad_enabled():  # `out=` is not differentiable
+                k2[:, :, :pos], v2[:, :, :pos] = k[:, :, :pos].index_select(0, index), v[:, :, :pos].index_select(0, index)
+            else:
+                torch.index_select(k[:, :, :pos], 0, index, out=k2[:, :, :pos])
+                torch.index_select(v[:, :, :pos], 0, index, out=v2[:, :, :pos])
         return {**new, "self_kv": fresh, "filled": _Filled(pos)}
 
 
 def _alive(state: dict) -> _Filled:
     filled = state["filled"]
     if filled.n < 0:
-        raise RuntimeError("this decoding state was given to select(..., inplace=True) and may not be used again")
+        raise RuntimeError(
+            "this decoding state, or one stepped from it, was given to select(..., inplace=True): it may not be used again"
+        )
     return filled
 
 
