@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd import forward_ad
 
 
 def _packed_ops():
@@ -48,7 +49,7 @@ def _packable(x: torch.Tensor, weight: torch.Tensor) -> bool:
         and x.device.type == "cpu"
         and weight.dtype == torch.float32
         and not weight.is_inference()  # made under inference_mode: no version counter to key on
-        and not torch._C._is_fwd_grad_enabled()  # forward-mode AD needs the differentiable F.linear
+        and forward_ad._current_level < 0  # inside a forward-mode AD level: the differentiable F.linear
         and x.dim() >= 2
         and x.numel() > 0
     )
