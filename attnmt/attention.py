@@ -560,7 +560,7 @@ class MultiHeadAttention(nn.Module):
 
         `sdpa` steps with `math`: the same product, but the fused CPU kernel's
         per-call setup costs more than the whole product at one query per row
-        (1.7-2.6x slower at decoding shapes, `scripts/bench_decode.py --parts`).
+        (1.6-2.5x slower at decoding shapes, `scripts/bench_decode.py --parts`).
         Any other kernel steps with itself.
         """
         return math_attention if self.kernel is sdpa_attention else self.kernel

@@ -20,6 +20,8 @@ batch.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -41,17 +43,21 @@ _OPS = _packed_ops()
 ENABLED = _OPS is not None  # module-level switch (tests turn it off to compare)
 
 
-def _packable(x: torch.Tensor, weight: torch.Tensor) -> bool:
+def _packable(x: torch.Tensor, layers: Sequence[nn.Linear]) -> bool:
     return (
         ENABLED
         and not torch.is_grad_enabled()
         and x.dtype == torch.float32
         and x.device.type == "cpu"
-        and weight.dtype == torch.float32
-        and not weight.is_inference()  # made under inference_mode: no version counter to key on
         and forward_ad._current_level < 0  # inside a forward-mode AD level: the differentiable F.linear
         and x.dim() >= 2
         and x.numel() > 0
+        and all(
+            isinstance(m, Linear)
+            and m.weight.dtype == torch.float32
+            and not m.weight.is_inference()  # made under inference_mode: no version counter to key on
+            for m in layers
+        )
     )
 
 
@@ -59,9 +65,21 @@ def _key(*weights: torch.Tensor) -> tuple:
     return tuple((w.data_ptr(), w._version, tuple(w.shape)) for w in weights)
 
 
-def _packed_product(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, activation: str) -> torch.Tensor:
+def _packed_product(x: torch.Tensor, layers: Sequence[Linear], activation: str = "none") -> torch.Tensor:
+    """x (..., in) times the weights of ``layers`` stacked (sum of out): one oneDNN product with the
+    weights packed once and kept on the first layer until any weight or bias changes."""
+    first = layers[0]
+    key = _key(*(m.weight for m in layers)) + _key(*(m.bias for m in layers if m.bias is not None))
+    packed = first._packs.get(len(layers))
+    if packed is None or packed[0] != key:
+        with torch.inference_mode():
+            weight = torch.cat([m.weight.detach() for m in layers])  # (sum out, in)
+            bias = None
+            if any(m.bias is not None for m in layers):
+                bias = torch.cat([m.weight.new_zeros(m.out_features) if m.bias is None else m.bias.detach() for m in layers])
+            packed = first._packs[len(layers)] = (key, _OPS[0](weight, 64), bias)
     rows = x.reshape(-1, x.size(-1)).contiguous()  # (M, in)
-    out = _OPS[1](rows, packed, bias, activation, [], "")  # (M, out)
+    out = _OPS[1](rows, packed[1], packed[2], activation, [], "")  # (M, sum out)
     return out.view(*x.shape[:-1], out.size(-1))
 
 
@@ -72,47 +90,28 @@ class Linear(nn.Linear):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self._packed: tuple[tuple, torch.Tensor] | None = None
-        self._stacked: tuple[tuple, torch.Tensor, torch.Tensor | None] | None = None
-
-    def _packed_weight(self) -> torch.Tensor:
-        key = _key(self.weight)
-        if self._packed is None or self._packed[0] != key:
-            with torch.inference_mode():
-                self._packed = (key, _OPS[0](self.weight.detach(), 64))
-        return self._packed[1]
+        self._packs: dict[int, tuple] = {}  # number of layers stacked -> (key, packed weight, bias)
 
     def forward(self, x: torch.Tensor, relu: bool = False) -> torch.Tensor:
-        if _packable(x, self.weight):
-            bias = None if self.bias is None else self.bias.detach()
-            return _packed_product(x, self._packed_weight(), bias, "relu" if relu else "none")
+        if _packable(x, (self,)):
+            return _packed_product(x, (self,), "relu" if relu else "none")
         out = F.linear(x, self.weight, self.bias)
         return F.relu(out) if relu else out
 
     def train(self, mode: bool = True) -> Linear:
         """Also drops the packed copies, so ``model.eval()`` (which every decoding path calls) always packs
         the weights as they are then, even after a change the version counter does not see."""
-        self._packed = self._stacked = None
+        self._packs = {}
         return super().train(mode)
 
     def __getstate__(self):  # a pickled or deep-copied module packs again where it lands
-        return {**self.__dict__, "_packed": None, "_stacked": None}
+        return {**self.__dict__, "_packs": {}}
 
 
-def stacked(layers: list[Linear], x: torch.Tensor) -> list[torch.Tensor]:
+def stacked(layers: Sequence[Linear], x: torch.Tensor) -> list[torch.Tensor]:
     """``[layer(x) for layer in layers]``, as one product on the packed path (the weights stacked and
     packed together, kept on the first layer): a self-attention's query, key and value projections."""
-    first = layers[0]
-    if not (_packable(x, first.weight) and all(isinstance(m, Linear) and not m.weight.is_inference() for m in layers)):
+    if not _packable(x, layers):
         return [layer(x) for layer in layers]
-    key = _key(*(m.weight for m in layers)) + _key(*(m.bias for m in layers if m.bias is not None))
-    if first._stacked is None or first._stacked[0] != key:
-        with torch.inference_mode():
-            weight = torch.cat([m.weight.detach() for m in layers])  # (sum out, in)
-            has_bias = [m.bias is not None for m in layers]
-            bias = None
-            if any(has_bias):
-                bias = torch.cat([m.bias.detach() if m.bias is not None else m.weight.new_zeros(m.out_features) for m in layers])
-            first._stacked = (key, _OPS[0](weight, 64), bias)
-    out = _packed_product(x, first._stacked[1], first._stacked[2], "none")  # (..., sum out)
+    out = _packed_product(x, layers)  # (..., sum out)
     return list(out.split([m.out_features for m in layers], dim=-1))

@@ -26,7 +26,7 @@ def test_packed_path_equals_f_linear(shape, bias):
     x = torch.randn(*shape)
     with torch.no_grad():
         out = lin(x)
-    assert lin._packed is not None  # the packed path ran
+    assert lin._packs  # the packed path ran
     assert out.shape == (*shape[:-1], 24)
     torch.testing.assert_close(out, reference(lin, x), atol=1e-5, rtol=1e-5)
 
@@ -77,13 +77,13 @@ def test_training_and_other_dtypes_use_f_linear():
     lin = Linear(16, 8)
     x = torch.randn(4, 16)
     out = lin(x)  # grad enabled: the plain path, differentiable
-    assert lin._packed is None and out.requires_grad
+    assert not lin._packs and out.requires_grad
     out.sum().backward()
     assert lin.weight.grad is not None
     double = Linear(16, 8).double()
     with torch.no_grad():
         assert torch.equal(double(x.double()), reference(double, x.double()))
-    assert double._packed is None
+    assert not double._packs
 
 
 def test_switch_off_gives_f_linear_exactly(monkeypatch):
@@ -93,7 +93,7 @@ def test_switch_off_gives_f_linear_exactly(monkeypatch):
     x = torch.randn(4, 16)
     with torch.no_grad():
         assert torch.equal(lin(x), reference(lin, x))
-    assert lin._packed is None
+    assert not lin._packs
 
 
 @needs_packing
@@ -101,10 +101,10 @@ def test_packed_copy_stays_out_of_state_dict_and_copies():
     lin = Linear(16, 8)
     with torch.no_grad():
         lin(torch.randn(2, 16))
-    assert lin._packed is not None
+    assert lin._packs
     assert set(lin.state_dict()) == {"weight", "bias"}
     clone = copy.deepcopy(lin)
-    assert clone._packed is None
+    assert not clone._packs
     with torch.no_grad():
         clone.weight.add_(1)  # the copy has its own weight, and packs it
         x = torch.randn(3, 16)

@@ -245,6 +245,20 @@ class TransformerModel(nn.Module):
         shape = (N, H, capacity, self.cfg.d_model // H)
         return [(like.new_empty(shape), like.new_empty(shape)) for _ in self.decoder]
 
+    def _copy_cache(self, cache: list, pos: int, capacity: int, index: torch.Tensor | None = None) -> list:
+        """Fresh buffers of ``capacity`` positions holding positions 0 .. pos - 1 of ``cache``: every row,
+        or the rows ``index`` (N',)."""
+        fresh = self._new_cache(cache[0][0].size(0) if index is None else index.numel(), capacity, cache[0][0])
+        for old, new in zip(cache, fresh):
+            for a, b in zip(old, new):  # keys, then values
+                if index is None:
+                    b[:, :, :pos] = a[:, :, :pos]
+                elif torch.is_grad_enabled():  # `out=` is not differentiable
+                    b[:, :, :pos] = a[:, :, :pos].index_select(0, index)
+                else:
+                    torch.index_select(a[:, :, :pos], 0, index, out=b[:, :, :pos])
+        return fresh
+
     def encode(self, src: torch.Tensor, src_mask: torch.Tensor) -> dict:
         memory, _ = self._encode(src, src_mask, False)
         return {
@@ -265,10 +279,7 @@ class TransformerModel(nn.Module):
         # Fresh buffers when another step wrote past this state, when there is no room left, or when
         # autograd is recording (it must not see a buffer that an earlier step's attention read be written).
         if filled.n != pos or pos == capacity or torch.is_grad_enabled():
-            fresh = self._new_cache(tokens.size(0), capacity * 2 if pos == capacity else capacity, cache[0][0])
-            for (k, v), (k2, v2) in zip(cache, fresh):
-                k2[:, :, :pos], v2[:, :, :pos] = k[:, :, :pos], v[:, :, :pos]
-            cache, filled = fresh, _Filled(pos)
+            cache, filled = self._copy_cache(cache, pos, capacity * 2 if pos == capacity else capacity), _Filled(pos)
         x = self._embed(self.tgt_embed, tokens[:, None], pos)  # (N, 1, D)
         cross = None
         for layer, layer_cache, cross_kv in zip(self.decoder, cache, state["cross_kv"]):
@@ -299,14 +310,7 @@ class TransformerModel(nn.Module):
                     v[moved, :, :pos] = v[parents, :, :pos]
             filled.n = -1  # the old state is spent
             return {**new, "self_kv": [(k[:N], v[:N]) for k, v in cache], "filled": _Filled(pos)}
-        fresh = self._new_cache(N, cache[0][0].size(2), cache[0][0])
-        for (k, v), (k2, v2) in zip(cache, fresh):
-            if torch.is_grad_enabled():  # `out=` is not differentiable
-                k2[:, :, :pos], v2[:, :, :pos] = k[:, :, :pos].index_select(0, index), v[:, :, :pos].index_select(0, index)
-            else:
-                torch.index_select(k[:, :, :pos], 0, index, out=k2[:, :, :pos])
-                torch.index_select(v[:, :, :pos], 0, index, out=v2[:, :, :pos])
-        return {**new, "self_kv": fresh, "filled": _Filled(pos)}
+        return {**new, "self_kv": self._copy_cache(cache, pos, cache[0][0].size(2), index), "filled": _Filled(pos)}
 
 
 def _alive(state: dict) -> _Filled:
