@@ -1,24 +1,33 @@
-"""A trained model's attention on given sentence pairs, under teacher forcing, as numpy arrays.
+"""A trained model's attention on sentence pairs, under teacher forcing: as arrays, as heatmaps, as alignments.
 
 Letters: B batch, H heads, T target length (pieces + EOS), S source length (pieces + EOS).
 
 ``model(batch, need_attention=True)`` gives every layer and head at once (``models/protocol.py``);
-here it runs on batches of sentence pairs and each sentence's weights are cut out of the padded batch,
-so that ``plot.py`` (which knows no model) can draw them and align words with them.
+``teacher_forced_attention`` runs it on batches of sentence pairs and cuts each sentence's weights out of
+the padded batch as numpy arrays, which ``plot.py`` draws and ``alignment.py`` turns into word links (both
+know no model). ``draw_attention`` (``attnmt plot`` and the heatmaps drawn during training) and
+``align_corpus`` (``attnmt align``) are the two uses, from text to files or links.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from .batching import collate
+from .alignment import Gold, Link, extract_alignment, layer_average, merge_groups, words_to_pieces
+from .batching import collate, token_batches
+from .plot import HeatmapFigure, sentence_maps
+from .translator import Translator, chunks
 
 AttentionMaps = dict[str, list[np.ndarray]]
 """kind (``cross``, ``enc_self``, ``dec_self``) -> one array per layer: cross (H, T, S), enc_self
 (H, S, S), dec_self (H, T, T); rows are queries and sum to 1."""
+
+_SIDES = {"cross": ("tgt", "src"), "enc_self": ("src", "src"), "dec_self": ("tgt", "tgt")}  # kind -> (rows, columns)
 
 
 @torch.no_grad()
@@ -38,36 +47,113 @@ def teacher_forced_attention(
     was_training = model.training
     model.eval()
     order = sorted(range(len(src_ids)), key=lambda i: (len(src_ids[i]), len(tgt_ids[i])))
+    lengths = [max(len(s), len(t)) + 1 for s, t in zip(src_ids, tgt_ids)]
     results: list[AttentionMaps] = [{} for _ in src_ids]
-    start = 0
     try:
-        while start < len(order):
-            end, longest = start, 0
-            while end < len(order):
-                longest = max(longest, len(src_ids[order[end]]) + 1, len(tgt_ids[order[end]]) + 1)
-                if end > start and longest * (end - start + 1) > max_tokens:
-                    break
-                end += 1
-            chunk = order[start:end]
+        for chunk in token_batches(lengths, order, max_tokens):
             batch = collate([src_ids[i] for i in chunk], [tgt_ids[i] for i in chunk]).to(device)
             attention = model(batch, need_attention=True).attention  # kind -> [(B, H, rows, cols)] per layer
-            lengths = {"src": batch.src_lengths.tolist(), "tgt": batch.tgt_lengths.tolist()}
+            sizes = {"src": batch.src_lengths.tolist(), "tgt": batch.tgt_lengths.tolist()}
             for kind, per_layer in attention.items():
                 if kinds is not None and kind not in kinds:
                     continue
-                rows_side, cols_side = {"cross": ("tgt", "src"), "enc_self": ("src", "src"), "dec_self": ("tgt", "tgt")}[kind]
+                rows_side, cols_side = _SIDES[kind]
                 stacked = torch.stack(per_layer, dim=1).float().cpu().numpy()  # (B, L, H, rows, cols)
                 for b, i in enumerate(chunk):
-                    rows, cols = lengths[rows_side][b], lengths[cols_side][b]
+                    rows, cols = sizes[rows_side][b], sizes[cols_side][b]
                     results[i][kind] = list(stacked[b, :, :, :rows, :cols])
-            start = end
     finally:
         model.train(was_training)
     return results
 
 
-def alignment_matrix(maps: AttentionMaps, layer: int | None) -> np.ndarray:
-    """The cross-attention (T, S) to align with: one layer (0-based) averaged over its heads, or with
-    ``layer`` None the average over every layer and head."""
-    cross = np.stack(maps["cross"])  # (L, H, T, S)
-    return cross[layer].mean(0) if layer is not None else cross.mean((0, 1))
+# ------------------------------------------------------------------------------------------ heatmaps
+
+
+@dataclass
+class Drawn:
+    figures: int = 0  # files written
+    sentences: int = 0  # input lines read, empty ones included
+    truncated: int = 0  # sources cut to decode.max_src_len
+
+
+@dataclass(frozen=True)
+class HeatmapOptions:
+    """What to draw of each sentence: the attention kinds, per kind the layers (0-based; None = all), one
+    head (0-based; None = every head and their average), word labels instead of pieces, the file format."""
+
+    kinds: tuple[str, ...] = ("cross",)
+    layers: dict[str, int | None] | None = None
+    head: int | None = None
+    words: bool = False
+    fmt: str = "png"
+    dpi: int = 100
+    title: str = ""
+
+
+def draw_encoded(translator: Translator, src_ids: Sequence[Sequence[int]], numbers: Sequence[int], out_dir: Path,
+                 options: HeatmapOptions, painter: HeatmapFigure | None = None) -> int:
+    """Translate encoded sources, read each translation back under teacher forcing, and write the heatmaps
+    of sentence ``numbers[i]`` into ``out_dir`` (``plot.sentence_maps``); returns the files written."""
+    painter = painter or HeatmapFigure()
+    tokenizer, kinds = translator.tokenizer, list(options.kinds)
+    hyps = [found[0].tokens for found in translator.search(src_ids)]
+    maps = teacher_forced_attention(translator.model, src_ids, hyps, translator.device, translator.decode.max_tokens, kinds)
+    written = 0
+    for src, hyp, pair_maps, number in zip(src_ids, hyps, maps, numbers):
+        src_pieces, tgt_pieces = tokenizer.src_pieces(src) + ["</s>"], tokenizer.tgt_pieces(hyp)
+        labels = {"cross": (src_pieces, tgt_pieces + ["</s>"]), "enc_self": (src_pieces, src_pieces),
+                  "dec_self": (["<s>"] + tgt_pieces, ["<s>"] + tgt_pieces)}
+        for kind in kinds:
+            layer = (options.layers or {}).get(kind)
+            written += len(sentence_maps(out_dir, number, {kind: pair_maps[kind]}, labels, None if layer is None else [layer],
+                                         options.head, options.words, options.fmt, options.dpi, options.title, painter))
+    return written
+
+
+def draw_attention(translator: Translator, lines: Iterable[str], out_dir: Path, options: HeatmapOptions,
+                   chunk_lines: int = 1000) -> Drawn:
+    """``attnmt plot``: the heatmaps of every line (numbered from 1 in input order; an empty line keeps its
+    number and gets no figure), ``chunk_lines`` lines at a time."""
+    drawn, painter = Drawn(), HeatmapFigure()
+    for chunk in chunks(lines, chunk_lines):
+        sources = translator.encode(chunk)
+        numbers = [drawn.sentences + i + 1 for i in sources.lines]
+        drawn.figures += draw_encoded(translator, sources.ids, numbers, out_dir, options, painter)
+        drawn.truncated += len(sources.truncated)
+        drawn.sentences += len(chunk)
+    return drawn
+
+
+# ---------------------------------------------------------------------------------------- alignments
+
+
+@dataclass
+class Aligned:
+    targets: list[str]  # the target sentences aligned with (given, or the model's translations)
+    links: list[list[Link]]  # per pair: (source word, target word) links, sorted
+
+
+def align_corpus(translator: Translator, sources: Sequence[str], targets: Sequence[str] | None = None,
+                 layer: int | None = -1, method: str = "argmax", threshold: float = 0.3, gold: Gold | None = None) -> Aligned:
+    """Word alignments of pre-tokenised sentence pairs (words split on spaces) from cross-attention under
+    teacher forcing: ``layer`` (0-based, -1 the last, None the average of every layer and head) averaged
+    over its heads, EOS left out, merged into words (``alignment.merge_groups``), links extracted with
+    ``method``. Without ``targets`` each source is aligned with the model's own translation. ``gold``
+    must fit the pairs (checked before any attention is computed)."""
+    if targets is None:
+        targets = translator.best(sources)
+    tokenizer = translator.tokenizer
+    src_ids, src_groups = words_to_pieces(tokenizer.encode_src, sources)
+    tgt_ids, tgt_groups = words_to_pieces(tokenizer.encode_tgt, targets)
+    if gold is not None:
+        gold.check_fits([len(g) for g in src_groups], [len(g) for g in tgt_groups])
+    pairs = [i for i in range(len(sources)) if src_ids[i] and tgt_ids[i]]
+    maps = teacher_forced_attention(translator.model, [src_ids[i] for i in pairs], [tgt_ids[i] for i in pairs],
+                                    translator.device, translator.decode.max_tokens, ["cross"])
+    links: list[list[Link]] = [[] for _ in sources]
+    for i, pair_maps in zip(pairs, maps):
+        matrix = layer_average(pair_maps["cross"], layer)[:-1, :-1]  # (T, S) without the EOS row and column
+        words = merge_groups(matrix, tgt_groups[i], src_groups[i])  # (target words, source words)
+        links[i] = extract_alignment(words, method, threshold)
+    return Aligned(list(targets), links)

@@ -1,4 +1,5 @@
-"""Token ids -> tensors: the ``Batch``, ``collate`` and a length-bucketed token-budget batch sampler.
+"""Token ids -> tensors: the ``Batch``, ``collate``, the token budget, a length-bucketed batch sampler,
+and the encoded splits of a run folder read back (``load_split``).
 
 Letters: B batch, S source length, T target length.
 
@@ -9,7 +10,8 @@ exactly once per epoch and every rank takes the same number of steps (``TokenBat
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import functools
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -17,6 +19,7 @@ import torch
 
 from .errors import DataError
 from .masks import padding_mask
+from .runfiles import RunDir
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 
@@ -87,18 +90,21 @@ def collate(
     )
 
 
-def token_batches(lengths: np.ndarray, order: np.ndarray, max_tokens: int) -> list[list[int]]:
-    """Cut ``order`` (indices, sorted by length) into batches whose padded size fits ``max_tokens``.
+def token_batches(lengths: Sequence[int] | np.ndarray, order: Iterable[int] | np.ndarray, max_tokens: int,
+                  rows_per_example: int = 1) -> list[list[int]]:
+    """Cut ``order`` (indices, usually sorted by length) into batches whose padded size fits ``max_tokens``:
+    the one token-budget rule of training, translation and attention maps.
 
-    A batch's cost is its size times its longest example (``lengths`` already counts BOS/EOS); an
-    example longer than the budget alone gets a batch of its own rather than being dropped.
+    A batch costs its size times its longest example times ``rows_per_example`` (a beam search decodes
+    K rows per sentence); ``lengths`` already counts BOS/EOS. An example over the budget alone gets a
+    batch of its own rather than being dropped.
     """
     batches: list[list[int]] = []
     current: list[int] = []
     longest = 0
-    for i in order.tolist():
+    for i in order.tolist() if isinstance(order, np.ndarray) else order:
         n = int(lengths[i])
-        if current and max(longest, n) * (len(current) + 1) > max_tokens:
+        if current and max(longest, n) * (len(current) + 1) * rows_per_example > max_tokens:
             batches.append(current)
             current, longest = [], 0
         current.append(i)
@@ -138,9 +144,9 @@ class TokenBatchSampler:
         self.max_tokens = max_tokens
         self.seed, self.shuffle = seed, shuffle
         self.num_replicas, self.rank = num_replicas, rank
-        self.group = num_replicas * multiple_of
+        self.batches_per_step = num_replicas * multiple_of
         self.bucket_batches = bucket_batches
-        if len(self.lengths) < self.group:
+        if len(self.lengths) < self.batches_per_step:
             raise DataError(
                 f"epoch has 0 steps: {len(self.lengths)} examples cannot fill {num_replicas} rank(s) x {multiple_of} "
                 f"accumulation step(s) (max_tokens={max_tokens})"
@@ -166,14 +172,14 @@ class TokenBatchSampler:
         return self._make_divisible(batches)
 
     def _make_divisible(self, batches: list[list[int]]) -> list[list[int]]:
-        while len(batches) % self.group:
+        while len(batches) % self.batches_per_step:
             i = max(range(len(batches)), key=lambda b: (len(batches[b]), -b))
             if len(batches[i]) >= 2:  # split the batch with most examples in two
                 big, half = batches[i], len(batches[i]) // 2
                 batches[i : i + 1] = [big[:half], big[half:]]
             else:
                 # Every batch holds one example (each over half the budget): merge the last two instead,
-                # one batch over budget rather than an example lost. There are >= group batches, so this ends.
+                # one batch over budget rather than an example lost. There are >= batches_per_step batches, so this ends.
                 batches[-2:] = [batches[-2] + batches[-1]]
         return batches
 
@@ -188,3 +194,37 @@ class TokenBatchSampler:
     def iter_from(self, epoch: int, start: int = 0) -> Iterator[list[int]]:
         """This rank's batches of ``epoch`` from batch index ``start`` on (resume)."""
         yield from self.batches(epoch)[start:]
+
+
+# ------------------------------------------------------------------------------ encoded splits
+
+
+@dataclass
+class EncodedSplit:
+    """An encoded split in memory, as training and validation read it from the run folder."""
+
+    src_ids: list[list[int]]
+    tgt_ids: list[list[int]]
+    tgt_text: list[str]
+
+    @functools.cached_property
+    def lengths(self) -> list[int]:
+        """The cost of each example in a token budget: its longer side, BOS or EOS included."""
+        return [max(len(s), len(t)) + 1 for s, t in zip(self.src_ids, self.tgt_ids)]
+
+    def batch(self, indices: list[int]) -> Batch:
+        return collate([self.src_ids[i] for i in indices], [self.tgt_ids[i] for i in indices], indices)
+
+
+def load_split(run: RunDir, name: str) -> EncodedSplit | None:
+    """The encoded split ``name`` of a prepared run folder; None if the config has no such split."""
+    import datasets
+
+    path = run.split(name)
+    if not path.exists():
+        return None
+    try:
+        ds = datasets.load_from_disk(str(path))
+    except Exception as e:
+        raise DataError(f"{path}: cannot read the encoded {name} split ({type(e).__name__}); run attnmt prepare again") from None
+    return EncodedSplit(ds["src_ids"], ds["tgt_ids"], ds["tgt"])

@@ -1,13 +1,20 @@
-"""Checkpoints: atomic saves, weights-only loads, pointer files, and a model rebuilt from a checkpoint alone.
+"""Checkpoints: the payload, atomic saves, weights-only loads, pointer files, and a model rebuilt from a
+checkpoint alone. The only module that builds or reads a checkpoint's payload.
 
 A checkpoint is a dict of tensors and plain values only, so ``torch.load(weights_only=True)`` always
-works and an untrusted file cannot run code. It carries the resolved config and the sentencepiece
-model bytes (as uint8 tensors) with their sha256, so a checkpoint file alone is enough to translate.
+works and an untrusted file cannot run code:
 
-Saving (``../shared/RELIABILITY.md``, "Atomic save protocol"): refuse non-finite weights; write a
-temporary file in the same folder, fsync, rename, fsync the folder; then the pointer ``latest.json``
-the same way; only then delete old checkpoints. Any failure leaves the previous checkpoint and pointer
-as they were.
+- ``format`` (int), ``attnmt_version``, ``torch_version``;
+- ``model``, ``optimizer``, ``schedule``, ``scaler``: state dicts (``optimizer`` None in an average);
+- ``progress``: the trainer's counters (``train.Progress`` as a dict);
+- ``fingerprint``: the model config and its hash, the training settings that change what the steps
+  compute (``dynamics``), the tokenizer's hashes and sizes, a hash of the training data's lengths;
+- ``config``: the resolved config; ``tokenizer``: the sentencepiece model bytes as uint8 tensors, with
+  ``tokenizer_meta``. So a checkpoint file alone is enough to translate.
+
+Saving (``docs/RELIABILITY.md``, "Checkpoints"): refuse non-finite weights; write a temporary file in
+the same folder, fsync, rename, fsync the folder; then the pointer ``latest.json`` the same way; only
+then delete old checkpoints. Any failure leaves the previous checkpoint and pointer as they were.
 """
 
 from __future__ import annotations
@@ -18,13 +25,16 @@ import json
 import logging
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.torch_version import TorchVersion
 
-from .errors import CheckpointError, DivergedError, ResourceError
+from . import __version__
+from .errors import CheckpointError, ConfigError, DataError, DivergedError, ResourceError
+from .faults import NO_FAULTS, Faults
 from .runfiles import RunDir, atomic_write_bytes, atomic_write_text, fsync_dir
 
 log = logging.getLogger(__name__)
@@ -56,12 +66,7 @@ def tensor_bytes(tensor: torch.Tensor) -> bytes:
 # ------------------------------------------------------------------------------------------- saving
 
 
-def _fault(name: str) -> bool:
-    """Test-only fault injection (``ATTNMT_FAULT=sigkill_after_tmp_write``)."""
-    return os.environ.get("ATTNMT_FAULT", "") == name
-
-
-def save_checkpoint(run: RunDir, payload: dict[str, Any], step: int) -> dict[str, Any]:
+def save_checkpoint(run: RunDir, payload: dict[str, Any], step: int, faults: Faults = NO_FAULTS) -> dict[str, Any]:
     """Write ``payload`` as ``checkpoints/step_<step>.pt`` and point ``latest.json`` at it; returns the pointer."""
     for name, tensor in payload["model"].items():
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
@@ -75,8 +80,7 @@ def save_checkpoint(run: RunDir, payload: dict[str, Any], step: int) -> dict[str
             torch.save(payload, handle)
             handle.flush()
             os.fsync(handle.fileno())
-        if _fault("sigkill_after_tmp_write"):
-            os.kill(os.getpid(), 9)
+        faults.after_tmp_write()
         os.replace(tmp, final)
         fsync_dir(folder)
         pointer = {"step": step, "file": final.name, "sha256": sha256_file(final), "format": FORMAT}
@@ -89,19 +93,6 @@ def save_checkpoint(run: RunDir, payload: dict[str, Any], step: int) -> dict[str
         cause = "no space left on device" if "No space left" in str(e) or getattr(e, "errno", None) == 28 else str(e).splitlines()[0]
         raise ResourceError(f"{final}: cannot write checkpoint: {cause}") from None
     return pointer
-
-
-def prune_checkpoints(run: RunDir, keep_last: int) -> None:
-    """Delete ``step_*.pt`` files beyond the newest ``keep_last``, never one that best.json names."""
-    folder = run.checkpoints.resolve()
-    protected = {entry["file"] for entry in read_pointer(run, "best").get("checkpoints", [])}
-    latest = read_pointer(run, "latest").get("file")
-    if latest:
-        protected.add(latest)
-    steps = sorted((p for p in folder.iterdir() if STEP_FILE.match(p.name) and not p.is_symlink()), key=lambda p: p.name)
-    for path in steps[:-keep_last] if keep_last else steps:
-        if path.name not in protected and path.resolve().is_relative_to(folder):
-            path.unlink(missing_ok=True)
 
 
 def remove_stale_tmp(run: RunDir) -> None:
@@ -211,6 +202,82 @@ def diff_dicts(old: Any, new: Any, prefix: str = "") -> list[str]:
     return [] if old == new else [f"{prefix[:-1]}: {old!r} -> {new!r}"]
 
 
+# --------------------------------------------------------------------------------- training state
+
+# train.* keys that may change when a run resumes: they do not change what the steps compute.
+RESUMABLE = {"max_steps", "max_epochs", "max_minutes", "valid_beam_size", "log_every", "eval_every", "save_every", "keep_last",
+             "keep_best", "patience", "plot_every", "tensorboard", "run_dir", "max_nonfinite", "compile", "device"}
+
+
+def canonical_hash(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
+
+
+def fingerprint(cfg, world_size: int, tokenizer, data_lengths: list[int]) -> dict[str, Any]:
+    """What a checkpoint records to refuse a resume that could not be exact: the model config, the
+    training dynamics (``train.*`` except ``RESUMABLE``, and the world size), the tokenizer, the data."""
+    dynamics = {k: v for k, v in cfg.train.model_dump(mode="json").items() if k not in RESUMABLE}
+    dynamics["world_size"] = world_size
+    model = cfg.model.model_dump(mode="json")
+    return {
+        "model": model,
+        "model_sha256": canonical_hash(model),
+        "dynamics": dynamics,
+        "tokenizer": tokenizer.fingerprint(),
+        "data_sha256": canonical_hash([len(data_lengths), sum(data_lengths)]),
+    }
+
+
+def recorded_tokenizer(payload: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The tokenizer fingerprint a checkpoint was trained with (None without a checkpoint)."""
+    return ((payload or {}).get("fingerprint") or {}).get("tokenizer")
+
+
+def training_payload(cfg, tokenizer, fingerprint: dict, model, optimizer, schedule, scaler, progress: dict) -> dict[str, Any]:
+    """The payload of a training checkpoint (the module docstring lists its keys)."""
+    return {
+        "format": FORMAT,
+        "attnmt_version": __version__,
+        "torch_version": str(torch.__version__),  # str(): a TorchVersion is not weights_only-loadable
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "schedule": schedule.state_dict(),
+        "scaler": scaler.state_dict() if scaler else None,
+        "progress": progress,
+        "fingerprint": fingerprint,
+        "config": cfg.to_dict(),
+        "tokenizer": {name: bytes_tensor(data) for name, data in tokenizer.files().items()},
+        "tokenizer_meta": tokenizer.meta(cfg.tokenizer.model_dump(mode="json")),
+    }
+
+
+def restore_training(path: Path, payload: dict[str, Any], fingerprint: dict, model, optimizer, schedule, scaler) -> dict:
+    """Load a checkpoint's training state into the given objects, after checking that the run it came
+    from computes what this one would (else the error names what changed); returns its progress."""
+    if payload.get("optimizer") is None:
+        raise CheckpointError(f"{path}: has no training state (an averaged checkpoint?); it can translate, not resume")
+    old = payload["fingerprint"]
+    if old["model_sha256"] != fingerprint["model_sha256"]:
+        changes = diff_dicts(old["model"], fingerprint["model"])
+        raise CheckpointError(f"{path}: checkpoint was trained with another model config ({'; '.join(changes[:4])})")
+    if old["tokenizer"] != fingerprint["tokenizer"]:
+        raise CheckpointError(f"{path}: tokenizer does not match checkpoint (expected sha256 {old['tokenizer']['src_sha256'][:12]}…)")
+    if old["dynamics"] != fingerprint["dynamics"]:
+        changes = diff_dicts(old["dynamics"], fingerprint["dynamics"])
+        raise ConfigError(f"{path}: cannot resume with changed training settings: {'; '.join(changes[:4])}")
+    if old["data_sha256"] != fingerprint["data_sha256"]:
+        raise DataError(f"{path}: the training data changed since this checkpoint; an exact resume is impossible")
+    try:
+        model.load_state_dict(payload["model"], strict=True)
+        optimizer.load_state_dict(payload["optimizer"])
+    except (RuntimeError, ValueError, KeyError) as e:
+        raise CheckpointError(f"{path}: does not fit the model: {str(e).splitlines()[0][:200]}") from None
+    schedule.load_state_dict(payload["schedule"])
+    if scaler is not None and payload.get("scaler"):
+        scaler.load_state_dict(payload["scaler"])
+    return payload["progress"]
+
+
 # --------------------------------------------------------------------------------- for inference
 
 
@@ -253,6 +320,38 @@ def load_model(model_path: Path, device: str | torch.device = "cpu"):
     except RuntimeError as e:
         raise CheckpointError(f"{path}: weights do not fit the model its config describes: {str(e).splitlines()[0][:300]}") from None
     return model.to(device).eval(), tokenizer, cfg, path
+
+
+@dataclass
+class ModelSpec:
+    """A model's config and vocabulary sizes, known without loading weights (``attnmt info``)."""
+
+    cfg: Any
+    src_vocab_size: int
+    tgt_vocab_size: int
+    origin: str  # where the sizes come from
+
+
+def model_spec(target: Path, overrides: list[str] | None = None) -> ModelSpec:
+    """The spec of a config file, a checkpoint or a run folder (its config and tokenizer)."""
+    from .config import config_from_dict, load_config
+    from .tokenizer import load_tokenizer
+
+    target = Path(target)
+    if target.is_file() and target.suffix not in (".yaml", ".yml"):
+        payload = load_checkpoint(target)
+        cfg = config_from_dict(payload["config"], source=f"{target} (its config)", overrides=overrides or [])
+        sizes = payload["fingerprint"]["tokenizer"]
+        return ModelSpec(cfg, sizes["src_vocab_size"], sizes["tgt_vocab_size"], "the checkpoint's tokenizer")
+    if target.is_dir():
+        run = RunDir(target)
+        cfg = load_config(run.config, overrides or [])
+        if run.tokenizer.exists():
+            tokenizer = load_tokenizer(run.tokenizer)
+            return ModelSpec(cfg, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, "the run's tokenizer")
+        return ModelSpec(cfg, cfg.tokenizer.vocab_size, cfg.tokenizer.vocab_size, "tokenizer.vocab_size")
+    cfg = load_config(target, overrides or [])
+    return ModelSpec(cfg, cfg.tokenizer.vocab_size, cfg.tokenizer.vocab_size, "tokenizer.vocab_size")
 
 
 # ------------------------------------------------------------------------------------------ averaging

@@ -1,136 +1,34 @@
-"""YAML configuration: a safe loader, pydantic models for every section, and ``load_config``.
+"""The configuration schema: pydantic models for every section, ``load_config`` and its error messages.
 
 A config has five sections: ``data``, ``tokenizer``, ``model`` (``arch: lstm | transformer``), ``train``
 and ``decode``. Every mistake is caught at load time and reported as one line that names the file,
 the line and the dotted key, e.g. ``configs/toy.yaml:12: model.n_head: unknown key (did you mean
 n_heads?)``.
 
-The loader reads YAML 1.2 scalars, which removes the YAML 1.1 traps PyYAML keeps by default: ``no``
-stays the string "no" (only ``true``/``false`` are booleans), ``1e-3`` is a float, ``010`` is an
-error instead of octal 8, and ``1:30`` is a string instead of sexagesimal 90. Duplicate keys and
-aliases are errors (aliases allow "billion laughs" bombs when a config is dumped or hashed).
+Files are read by ``yaml12.py`` (YAML 1.2 scalars, no duplicate keys, no aliases), which also keeps the
+line of every key for these messages.
 """
 
 from __future__ import annotations
 
 import difflib
 import re
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
 from pydantic import StrictBool as Bool
 from pydantic import StrictInt as Int
 from pydantic import StrictStr as Str
 
 from .errors import ConfigError
-
-MAX_CONFIG_BYTES = 1 << 20
+from .yaml12 import parse_yaml, read_yaml_file
 
 # Strict float: accepts 3 or 3.0 but not "3" or true; finite only (.nan and .inf are mistakes here).
 Float = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 PositiveInt = Annotated[int, Field(strict=True, gt=0)]
 Probability = Annotated[float, Field(strict=True, ge=0.0, lt=1.0, allow_inf_nan=False)]
-
-
-# --------------------------------------------------------------------------------------------- YAML
-
-
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader with YAML 1.2 core-schema scalars, no duplicate keys and no aliases."""
-
-
-# Replace the YAML 1.1 implicit resolvers for bool, int and float with YAML 1.2 core-schema ones.
-_StrictLoader.yaml_implicit_resolvers = {
-    first: [(tag, rx) for tag, rx in resolvers if tag not in ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-_StrictLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
-)
-_StrictLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:int", re.compile(r"^(?:[-+]?(?:0|[1-9][0-9_]*)|0o[0-7]+|0x[0-9a-fA-F]+)$"), list("-+0123456789")
-)
-# Before the float resolver, which would otherwise read "010" as 10.0 (resolvers are tried in order).
-_LEADING_ZERO_TAG = "tag:attnmt,2026:leading-zero"
-_StrictLoader.add_implicit_resolver(_LEADING_ZERO_TAG, re.compile(r"^[-+]?0[0-9_]+$"), list("-+0"))
-_StrictLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9][0-9_]*(?:\.[0-9_]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
-    list("-+.0123456789"),
-)
-
-
-def _construct_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
-    return int(loader.construct_scalar(node).replace("_", ""), 0)
-
-
-def _reject_leading_zero(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> Any:
-    raise yaml.constructor.ConstructorError(
-        None, None, f"{node.value!r}: leading zeros are not allowed (YAML 1.1 reads it as octal; quote it if it is a string)", node.start_mark
-    )
-
-
-def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
-    seen: dict[Any, yaml.Mark] = {}
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=True)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r} (first defined on line {seen[key].line + 1})", key_node.start_mark
-            )
-        seen[key] = key_node.start_mark
-    return loader.construct_mapping(node, deep=deep)
-
-
-def _compose_node(self: _StrictLoader, parent: Any, index: Any) -> Any:
-    if self.check_event(yaml.AliasEvent):
-        event = self.peek_event()
-        raise yaml.composer.ComposerError(None, None, "aliases are not allowed in attnmt configs", event.start_mark)
-    return yaml.SafeLoader.compose_node(self, parent, index)
-
-
-_StrictLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
-_StrictLoader.add_constructor(_LEADING_ZERO_TAG, _reject_leading_zero)
-_StrictLoader.add_constructor("tag:yaml.org,2002:map", _construct_mapping)
-_StrictLoader.compose_node = _compose_node  # type: ignore[method-assign]
-
-
-def parse_yaml(text: str, source: str) -> tuple[Any, dict[tuple[str, ...], int]]:
-    """Parse ``text`` with the strict loader; return the data and a map from key path to line number."""
-    try:
-        loader = _StrictLoader(text)
-        try:
-            node = loader.get_single_node()
-            data = loader.construct_document(node) if node is not None else None
-        finally:
-            loader.dispose()
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
-        problem = e.problem or e.context or "invalid YAML"
-        kind = "YAML syntax error" if isinstance(e, (yaml.scanner.ScannerError, yaml.parser.ParserError)) else "YAML error"
-        raise ConfigError(f"{where}: {kind}: {problem}") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{source}: YAML error: {e}") from None
-    lines: dict[tuple[str, ...], int] = {}
-    if node is not None:
-        _collect_lines(node, (), lines)
-    return data, lines
-
-
-def _collect_lines(node: yaml.Node, path: tuple[str, ...], out: dict[tuple[str, ...], int]) -> None:
-    if isinstance(node, yaml.MappingNode):
-        for key_node, value_node in node.value:
-            sub = (*path, str(key_node.value))
-            out[sub] = key_node.start_mark.line + 1
-            _collect_lines(value_node, sub, out)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            sub = (*path, str(i))
-            out[sub] = item.start_mark.line + 1
-            _collect_lines(item, sub, out)
 
 
 # ------------------------------------------------------------------------------------ the sections
@@ -280,10 +178,18 @@ class TransformerConfig(Section):
 ModelConfig = Annotated[LSTMConfig | TransformerConfig, Field(discriminator="arch")]
 
 
+class Device(str, Enum):
+    """``train.device`` and ``--device``: ``auto`` takes CUDA when the machine has it."""
+
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
 class TrainConfig(Section):
     run_dir: Path | None = None
     """Where the run lives; default ``runs/<config name>`` in the working folder."""
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    device: Device = Device.auto
     precision: Literal["fp32", "bf16", "fp16"] = "bf16"
     """Used on CUDA only; the CPU always trains in fp32."""
     compile: Bool = False
@@ -358,23 +264,8 @@ class Config(Section):
 def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Read, check and resolve a config file; ``overrides`` are ``dotted.key=yaml-value`` strings."""
     path = Path(path)
-    source = str(path)
-    if not path.exists():
-        raise ConfigError(f"{source}: config file not found")
-    if path.is_dir():
-        raise ConfigError(f"{source}: is a directory, not a config file")
-    try:
-        raw_bytes = path.read_bytes()
-    except OSError as e:
-        raise ConfigError(f"{source}: cannot read: {e.strerror}") from None
-    if len(raw_bytes) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"{source}: config is larger than {MAX_CONFIG_BYTES} bytes")
-    try:
-        text = raw_bytes.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{source}: invalid UTF-8 at byte offset {e.start}") from None
-    data, lines = parse_yaml(text, source)
-    return config_from_dict(data, source=source, base_dir=path.parent, overrides=overrides, lines=lines)
+    data, lines = read_yaml_file(path)
+    return config_from_dict(data, source=str(path), base_dir=path.parent, overrides=overrides, lines=lines)
 
 
 def config_from_dict(
@@ -509,7 +400,7 @@ def _message(err: dict, loc: tuple) -> str:
         return "must be a finite number"
     if kind == "bool_type":
         return f"expected true or false, got {got} {value!r}"
-    if kind == "literal_error":
+    if kind in ("literal_error", "enum"):
         return f"{value!r} is not one of {err['ctx']['expected']}"
     if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
         op = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}[kind]

@@ -1,6 +1,6 @@
 """Parallel text in: file pairs, TSV, JSONL, Hugging Face datasets or the generated toy task.
 
-Every reader returns a ``Corpus`` of cleaned (src, tgt) string pairs and the counts of what it dropped.
+Every reader returns a ``ParallelText`` of cleaned (src, tgt) string pairs and the counts of what it dropped.
 Lines are split on ``\\n`` only (a stray ``\\r``, ``\\x0b`` or U+2028 inside a line stays inside it, so
 two files can't drift apart), decoded as strict UTF-8 and cleaned by one rule (``clean``).
 
@@ -41,7 +41,7 @@ def clean(text: str) -> str:
 
 
 @dataclass
-class Corpus:
+class ParallelText:
     """Cleaned parallel sentences and what cleaning dropped."""
 
     name: str
@@ -69,7 +69,7 @@ class Corpus:
 # ------------------------------------------------------------------------------------------ readers
 
 
-def read_corpus(source: Source, name: str) -> Corpus:
+def read_corpus(source: Source, name: str) -> ParallelText:
     """Read and clean one split (``name`` is ``train``, ``dev`` or ``test``, used in messages)."""
     readers = {TextSource: _read_text, TsvSource: _read_tsv, JsonlSource: _read_jsonl, HfSource: _read_hf, ToySource: _read_toy}
     corpus = readers[type(source)](source, name)
@@ -139,18 +139,18 @@ def _open(path: Path):
         raise DataError(f"{path}: cannot open: {e.strerror}") from None
 
 
-def _read_text(source: TextSource, name: str) -> Corpus:
+def _read_text(source: TextSource, name: str) -> ParallelText:
     n_src, n_tgt = count_lines(source.src), count_lines(source.tgt)
     if n_src != n_tgt:
         raise DataError(f"{name}: {source.src} has {n_src} lines, {source.tgt} has {n_tgt}")
-    corpus = Corpus(name)
+    corpus = ParallelText(name)
     for line, (src, tgt) in enumerate(zip(read_lines(source.src), read_lines(source.tgt)), start=1):
         corpus.add(src, tgt, line)
     return corpus
 
 
-def _read_tsv(source: TsvSource, name: str) -> Corpus:
-    corpus = Corpus(name)
+def _read_tsv(source: TsvSource, name: str) -> ParallelText:
+    corpus = ParallelText(name)
     need = max(source.src_column, source.tgt_column) + 1
     for line, text in enumerate(read_lines(source.path), start=1):
         if not text.strip():
@@ -163,8 +163,8 @@ def _read_tsv(source: TsvSource, name: str) -> Corpus:
     return corpus
 
 
-def _read_jsonl(source: JsonlSource, name: str) -> Corpus:
-    corpus = Corpus(name)
+def _read_jsonl(source: JsonlSource, name: str) -> ParallelText:
+    corpus = ParallelText(name)
     for line, text in enumerate(read_lines(source.path), start=1):
         if not text.strip():
             corpus.add("", "", line)
@@ -194,7 +194,7 @@ def _field(record: object, dotted: str, where: str) -> str:
     return value
 
 
-def _read_hf(source: HfSource, name: str) -> Corpus:
+def _read_hf(source: HfSource, name: str) -> ParallelText:
     import datasets  # heavy: imported only when a Hugging Face source is read
 
     files = source.data_files
@@ -212,7 +212,7 @@ def _read_hf(source: HfSource, name: str) -> Corpus:
         raise DataError(f"{name}: cannot load Hugging Face dataset {source.name!r}{offline}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
     except Exception as e:  # datasets raises many private types (DatasetNotFoundError, ...)
         raise DataError(f"{name}: cannot load Hugging Face dataset {source.name!r}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
-    corpus = Corpus(name)
+    corpus = ParallelText(name)
     top_src, top_tgt = source.src_field.split(".")[0], source.tgt_field.split(".")[0]
     for top in (top_src, top_tgt):
         if top not in dataset.column_names:
@@ -229,8 +229,8 @@ def _offline() -> bool:
     return any(os.environ.get(v, "").lower() in ("1", "true", "yes") for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
 
 
-def _read_toy(source: ToySource, name: str) -> Corpus:
-    corpus = Corpus(name)
+def _read_toy(source: ToySource, name: str) -> ParallelText:
+    corpus = ParallelText(name)
     corpus.alignments = []
     for line, (src, tgt, alignment) in enumerate(toy_pairs(source.split, source.size, source.seed), start=1):
         corpus.add(src, tgt, line)

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from .batching import collate
-from .data import clean
+from .models.protocol import TranslationModel
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 
@@ -69,7 +69,7 @@ def _log_probs(logits: torch.Tensor, t: int, limits: torch.Tensor, min_len: int)
 
 @torch.no_grad()
 def greedy_search(
-    model,
+    model: TranslationModel,
     src: torch.Tensor,
     src_mask: torch.Tensor,
     max_len_a: float = 1.5,
@@ -115,14 +115,8 @@ def greedy_search(
     ]
 
 
-@dataclass
-class _Finished:
-    normalized: float  # score / length_penalty: the ranking key
-    order: int  # insertion order: an equal later hypothesis ranks after an earlier one
-    hyp: Hypothesis
-
-
-def _check_beam_args(beam_size: int, nbest: int, length_penalty: float, min_len: int) -> None:
+def check_search_settings(beam_size: int, nbest: int, length_penalty: float, min_len: int) -> None:
+    """ValueError for settings no search can run with."""
     if not 1 <= beam_size:
         raise ValueError(f"beam_size must be at least 1, got {beam_size}")
     if not 1 <= nbest <= beam_size:
@@ -135,7 +129,7 @@ def _check_beam_args(beam_size: int, nbest: int, length_penalty: float, min_len:
 
 @torch.no_grad()
 def beam_search(
-    model,
+    model: TranslationModel,
     src: torch.Tensor,
     src_mask: torch.Tensor,
     beam_size: int = 5,
@@ -163,159 +157,148 @@ def beam_search(
 
     Raises ValueError unless 1 <= beam_size <= V and 1 <= nbest <= beam_size.
     """
-    _check_beam_args(beam_size, nbest, length_penalty, min_len)
-    B, K, device = src.size(0), beam_size, src.device
-    if B == 0:
+    check_search_settings(beam_size, nbest, length_penalty, min_len)
+    if src.size(0) == 0:
         return []
-    limits = max_output_lengths(src_mask, max_len_a, max_len_b)  # (B,)
-    # The largest penalty each sentence's hypotheses can get: its limit plus the EOS.
-    lp_max = [gnmt_penalty(n + 1, length_penalty) for n in limits.tolist()]
-    state = model.encode(src, src_mask)  # B rows: the first step runs once per sentence, see below
-    active = torch.arange(B, device=device)  # (b,) sentences still searching
-    tokens = torch.full((B,), BOS_ID, dtype=torch.long, device=device)  # (N,)
-    history = torch.zeros(B * K, 0, dtype=torch.long, device=device)  # (N, t) pieces so far, no BOS
-    attn_history: torch.Tensor | None = None  # (N, t, S)
-    scores: torch.Tensor | None = None  # (N,)
-    finished: list[list[_Finished]] = [[] for _ in range(B)]
-    floor = [-math.inf] * B  # normalized score a new hypothesis must beat to be kept (K kept already)
-    inserted = 0
-    t = 0
-    while active.numel():
-        b, sentences = active.numel(), active.tolist()
-        logits, state, attn = model.step(tokens, state, need_attention)  # (N, V), attn (N, S)
-        if t == 0:
-            # Every beam starts from the same BOS: one row per sentence went through the model, and now
-            # becomes K identical rows (of which the search keeps one live, below).
-            copies = torch.arange(B, device=device).repeat_interleave(K)  # (B*K,)
-            logits, state = logits.index_select(0, copies), model.select(state, copies, inplace=True)
-            attn = attn.index_select(0, copies) if need_attention else None
-        V = logits.size(-1)
-        if K > V:
-            raise ValueError(f"beam_size ({K}) must not exceed the vocabulary size ({V})")
-        logp = _log_probs(logits, t, limits[active].repeat_interleave(K), min_len)  # (N, V)
+    search = _BeamSearch(model, src_mask, beam_size, nbest, length_penalty, need_attention)
+    return search.run(model.encode(src, src_mask), max_output_lengths(src_mask, max_len_a, max_len_b), min_len)
+
+
+@dataclass
+class _Finished:
+    normalized: float  # score / length_penalty: the ranking key
+    order: int  # insertion order: an equal later hypothesis ranks after an earlier one
+    hyp: Hypothesis
+
+
+@dataclass
+class _Candidates:
+    """One step's 2K best extensions of each live sentence (b of them), and the K that stay live."""
+
+    top_scores: torch.Tensor  # (b, 2K) best first
+    top_beam: torch.Tensor  # (b, 2K) the beam each extends
+    is_eos: torch.Tensor  # (b, 2K)
+    live_scores: torch.Tensor  # (b, K) the first K that are not EOS, best first
+    live_parents: torch.Tensor  # (b, K) their parent rows
+    live_tokens: torch.Tensor  # (b, K)
+
+
+class _BeamSearch:
+    """The bookkeeping of one ``beam_search`` call: what is live (``active`` sentences, their rows'
+    ``scores``, ``history`` and attention) and what has finished (``finished``, best K per sentence)."""
+
+    def __init__(self, model: TranslationModel, src_mask: torch.Tensor, beam_size: int, nbest: int,
+                 length_penalty: float, need_attention: bool) -> None:
+        self.model, self.K, self.nbest, self.alpha = model, beam_size, nbest, length_penalty
+        self.need_attention, self.device = need_attention, src_mask.device
+        B = src_mask.size(0)
+        self.active = torch.arange(B, device=self.device)  # (b,) sentences still searching
+        self.history = torch.zeros(B * self.K, 0, dtype=torch.long, device=self.device)  # (N, t) pieces so far, no BOS
+        self.attn_history: torch.Tensor | None = None  # (N, t, S)
+        self.scores: torch.Tensor | None = None  # (N,)
+        self.finished: list[list[_Finished]] = [[] for _ in range(B)]
+        self.floor = [-math.inf] * B  # normalized score a new hypothesis must beat to be kept (K kept already)
+        self.inserted = 0
+
+    def run(self, state: Any, limits: torch.Tensor, min_len: int) -> list[list[Hypothesis]]:
+        B, K = limits.numel(), self.K
+        # The largest penalty each sentence's hypotheses can get: its limit plus the EOS.
+        lp_max = [gnmt_penalty(n + 1, self.alpha) for n in limits.tolist()]
+        tokens = torch.full((B,), BOS_ID, dtype=torch.long, device=self.device)  # (N,)
+        t = 0
+        while self.active.numel():
+            logits, state, attn = self.model.step(tokens, state, self.need_attention)  # (N, V), attn (N, S)
+            if t == 0:
+                logits, state, attn = self._copy_first_step(logits, state, attn)
+            if K > logits.size(-1):
+                raise ValueError(f"beam_size ({K}) must not exceed the vocabulary size ({logits.size(-1)})")
+            logp = _log_probs(logits, t, limits[self.active].repeat_interleave(K), min_len)  # (N, V)
+            candidates = self._candidates(logp, attn)
+            self._keep_finished(candidates, t, attn)
+            keep = self._still_searching(candidates.live_scores, lp_max)  # (b,)
+            index = candidates.live_parents[keep].view(-1)  # (N',) rows of the next step, in their parents' positions
+            self.active = self.active[keep]
+            if not self.active.numel():
+                break
+            state = self.model.select(state, index, inplace=True)
+            tokens = self._advance(candidates, keep, index, attn)
+            t += 1
+        ranked = [sorted(f, key=lambda f: (-f.normalized, f.order))[: self.nbest] for f in self.finished]
+        return [[f.hyp for f in kept] for kept in ranked]
+
+    def _copy_first_step(self, logits: torch.Tensor, state: Any, attn: torch.Tensor | None):
+        """Every beam starts from the same BOS: one row per sentence went through the model, and now
+        becomes K identical rows (of which the search keeps one live, see ``_candidates``)."""
+        B = logits.size(0)
+        copies = torch.arange(B, device=self.device).repeat_interleave(self.K)  # (B*K,)
+        logits, state = logits.index_select(0, copies), self.model.select(state, copies, inplace=True)
+        return logits, state, (attn.index_select(0, copies) if self.need_attention else None)
+
+    def _candidates(self, logp: torch.Tensor, attn: torch.Tensor | None) -> _Candidates:
+        """Score every extension of every live row and keep each sentence's 2K best (logp is consumed)."""
+        b, K, V = self.active.numel(), self.K, logp.size(-1)
         dtype, lowest = logp.dtype, torch.finfo(logp.dtype).min
-        if scores is None:
-            if need_attention:
-                attn_history = attn.new_zeros(b * K, 0, attn.size(1))
+        if self.scores is None:
+            if self.need_attention:
+                self.attn_history = attn.new_zeros(b * K, 0, attn.size(1))
             # One live hypothesis per sentence at first, so the K copies of BOS don't fill the beam.
-            scores = torch.full((b, K), lowest, dtype=dtype, device=device)
+            scores = torch.full((b, K), lowest, dtype=dtype, device=self.device)
             scores[:, 0] = 0
-            scores = scores.view(-1)
+            self.scores = scores.view(-1)
         # Clamp: lowest + lowest would be -inf; a banned or dead candidate stays exactly `lowest`.
         # In place: logp is this step's own tensor, and (N, V) is the largest thing the search makes.
-        cand = logp.add_(scores[:, None]).clamp_(min=lowest).view(b, K * V)  # (b, K*V)
+        cand = logp.add_(self.scores[:, None]).clamp_(min=lowest).view(b, K * V)  # (b, K*V)
         top_scores, top_index = cand.topk(2 * K, dim=1)  # (b, 2K), best first
         top_beam, top_token = top_index // V, top_index % V  # (b, 2K)
         is_eos = top_token == EOS_ID
         # At most K EOS among 2K, so the first K non-EOS candidates always exist.
-        live_pos = (is_eos.long() * 2 * K + torch.arange(2 * K, device=device)).topk(K, dim=1, largest=False).values % (2 * K)
-        new_scores = top_scores.gather(1, live_pos)  # (b, K)
-        rows = torch.arange(b, device=device)[:, None] * K + top_beam.gather(1, live_pos)  # (b, K) parent rows
-        new_tokens = top_token.gather(1, live_pos)  # (b, K)
+        positions = torch.arange(2 * K, device=self.device)
+        live_pos = (is_eos.long() * 2 * K + positions).topk(K, dim=1, largest=False).values % (2 * K)
+        parents = torch.arange(b, device=self.device)[:, None] * K + top_beam.gather(1, live_pos)  # (b, K)
+        return _Candidates(top_scores, top_beam, is_eos, top_scores.gather(1, live_pos), parents, top_token.gather(1, live_pos))
 
-        # Finished: EOS among the first K candidates, not banned, and good enough to be kept.
-        lp = torch.tensor(gnmt_penalty(t + 1, length_penalty), dtype=dtype, device=device)
-        normalized = top_scores[:, :K] / lp  # (b, K)
-        floors = torch.tensor([floor[i] for i in sentences], dtype=dtype, device=device)  # (b,)
-        new_done = is_eos[:, :K] & (top_scores[:, :K] > lowest) & (normalized > floors[:, None])
-        if bool(new_done.any()):
-            for i, j in new_done.nonzero().tolist():
-                sentence, row = sentences[i], i * K + int(top_beam[i, j])
-                attention = torch.cat([attn_history[row], attn[row][None]]) if need_attention else None
-                hyp = Hypothesis(history[row].tolist(), float(top_scores[i, j]), attention)
-                finished[sentence].append(_Finished(float(normalized[i, j]), inserted, hyp))
-                inserted += 1
-            for sentence in set(active[new_done.any(1)].tolist()):
-                kept = sorted(finished[sentence], key=lambda f: (-f.normalized, f.order))[:K]
-                finished[sentence] = kept
-                if len(kept) == K:
-                    floor[sentence] = kept[-1].normalized
+    def _keep_finished(self, c: _Candidates, t: int, attn: torch.Tensor | None) -> None:
+        """EOS among the first K candidates, not banned and good enough: kept, the best K per sentence."""
+        K, dtype = self.K, c.top_scores.dtype
+        lowest = torch.finfo(dtype).min
+        sentences = self.active.tolist()
+        lp = torch.tensor(gnmt_penalty(t + 1, self.alpha), dtype=dtype, device=self.device)
+        normalized = c.top_scores[:, :K] / lp  # (b, K)
+        floors = torch.tensor([self.floor[i] for i in sentences], dtype=dtype, device=self.device)  # (b,)
+        new_done = c.is_eos[:, :K] & (c.top_scores[:, :K] > lowest) & (normalized > floors[:, None])
+        if not bool(new_done.any()):
+            return
+        for i, j in new_done.nonzero().tolist():
+            sentence, row = sentences[i], i * K + int(c.top_beam[i, j])
+            attention = torch.cat([self.attn_history[row], attn[row][None]]) if self.need_attention else None
+            hyp = Hypothesis(self.history[row].tolist(), float(c.top_scores[i, j]), attention)
+            self.finished[sentence].append(_Finished(float(normalized[i, j]), self.inserted, hyp))
+            self.inserted += 1
+        for sentence in set(self.active[new_done.any(1)].tolist()):
+            kept = sorted(self.finished[sentence], key=lambda f: (-f.normalized, f.order))[:K]
+            self.finished[sentence] = kept
+            if len(kept) == K:
+                self.floor[sentence] = kept[-1].normalized
 
-        # Stop a sentence with nothing live, or whose nbest-th kept hypothesis no live one can beat.
-        best_live = new_scores[:, 0]  # (b,): live candidates come best first
+    def _still_searching(self, live_scores: torch.Tensor, lp_max: list[float]) -> torch.Tensor:
+        """(b,) bool: False for a sentence with nothing live, or whose nbest-th kept hypothesis no live
+        one can beat (the bound of the docstring of ``beam_search``)."""
+        dtype = live_scores.dtype
+        lowest, sentences = torch.finfo(dtype).min, self.active.tolist()
+        best_live = live_scores[:, 0]  # (b,): live candidates come best first
         # The best normalized score a live continuation can reach; same dtype and division as `normalized`.
-        bound = (best_live / torch.tensor([lp_max[i] for i in sentences], dtype=dtype, device=device)).tolist()
+        bound = (best_live / torch.tensor([lp_max[i] for i in sentences], dtype=dtype, device=self.device)).tolist()
+        n = self.nbest
         done = [
-            best_live_score <= lowest
-            or (len(finished[i]) >= nbest and finished[i][nbest - 1].normalized >= bound_i)
+            best_live_score <= lowest or (len(self.finished[i]) >= n and self.finished[i][n - 1].normalized >= bound_i)
             for i, best_live_score, bound_i in zip(sentences, best_live.tolist(), bound)
         ]
-        keep = torch.tensor([not d for d in done], device=device)  # (b,)
-        index = rows[keep].view(-1)  # (N',) rows of the next step, in their parents' current positions
-        active = active[keep]
-        if not active.numel():
-            break
-        state = model.select(state, index, inplace=True)
-        scores, tokens = new_scores[keep].view(-1), new_tokens[keep].view(-1)
-        history = torch.cat([history[index], tokens[:, None]], dim=1)  # (N', t + 1)
-        if need_attention:
-            attn_history = torch.cat([attn_history[index], attn[index][:, None]], dim=1)  # (N', t + 1, S)
-        t += 1
-    return [[f.hyp for f in sorted(finished[i], key=lambda f: (-f.normalized, f.order))[:nbest]] for i in range(B)]
+        return torch.tensor([not d for d in done], device=self.device)
 
-
-# ----------------------------------------------------------------------------------- translating
-
-
-@dataclass
-class Translation:
-    """The n-best outputs of one input line: (detokenised text, score), best first. The score is the one
-    the beam ranks by: the sum of log-probabilities over ``gnmt_penalty`` (so it falls down the list)."""
-
-    outputs: list[tuple[str, float]]
-    truncated: bool = False  # the source was longer than max_src_len pieces and was cut
-
-
-class Translator:
-    """Text in, text out: clean, encode, sort by length, batch under a token budget, search, decode.
-
-    ``beam_size`` 1 means greedy search. Batches hold at most ``max_tokens`` source pieces x beam rows
-    (padded), so memory stays bounded whatever the input. An empty line translates to an empty line.
-    """
-
-    def __init__(self, model, tokenizer, beam_size: int = 5, nbest: int = 1, length_penalty: float = 0.6,
-                 max_len_a: float = 1.5, max_len_b: int = 10, min_len: int = 0, max_src_len: int = 256,
-                 max_tokens: int = 8000, device: torch.device | str = "cpu") -> None:
-        _check_beam_args(beam_size, nbest, length_penalty, min_len)
-        self.model, self.tokenizer, self.device = model, tokenizer, torch.device(device)
-        self.beam_size, self.nbest, self.length_penalty = beam_size, nbest, length_penalty
-        self.max_len_a, self.max_len_b, self.min_len = max_len_a, max_len_b, min_len
-        self.max_src_len, self.max_tokens = max_src_len, max_tokens
-
-    def search(self, src_ids: list[list[int]], need_attention: bool = False) -> list[list[Hypothesis]]:
-        """Hypotheses for already encoded sources (in their order), batched by length."""
-        order = sorted(range(len(src_ids)), key=lambda i: len(src_ids[i]))
-        results: list[list[Hypothesis]] = [[] for _ in src_ids]
-        start = 0
-        while start < len(order):
-            end, longest = start, 0
-            while end < len(order):
-                longest = max(longest, len(src_ids[order[end]]) + 1)
-                if end > start and longest * (end - start + 1) * self.beam_size > self.max_tokens:
-                    break
-                end += 1
-            chunk = order[start:end]
-            batch = collate([src_ids[i] for i in chunk]).to(self.device)
-            if self.beam_size == 1 and self.nbest == 1:
-                found = [[h] for h in greedy_search(self.model, batch.src, batch.src_mask, self.max_len_a,
-                                                    self.max_len_b, self.min_len, need_attention)]
-            else:
-                found = beam_search(self.model, batch.src, batch.src_mask, self.beam_size, self.nbest, self.length_penalty,
-                                    self.max_len_a, self.max_len_b, self.min_len, need_attention)
-            for i, hyps in zip(chunk, found):
-                results[i] = hyps
-            start = end
-        return results
-
-    def translate(self, lines: list[str]) -> list[Translation]:
-        texts = [clean(line) for line in lines]
-        todo = [i for i, text in enumerate(texts) if text]
-        encoded = self.tokenizer.encode_src([texts[i] for i in todo])
-        truncated = {i for i, ids in zip(todo, encoded) if len(ids) > self.max_src_len}
-        encoded = [ids[: self.max_src_len] for ids in encoded]
-        out = [Translation([("", 0.0)]) for _ in texts]
-        for i, hyps in zip(todo, self.search(encoded)):
-            decoded = self.tokenizer.decode_tgt([h.tokens for h in hyps])
-            scores = [h.score / gnmt_penalty(len(h.tokens) + 1, self.length_penalty) for h in hyps]
-            out[i] = Translation(list(zip(decoded, scores)), i in truncated)
-        return out
+    def _advance(self, c: _Candidates, keep: torch.Tensor, index: torch.Tensor, attn: torch.Tensor | None) -> torch.Tensor:
+        """The live candidates of the sentences still searching become the rows; returns their tokens."""
+        self.scores, tokens = c.live_scores[keep].view(-1), c.live_tokens[keep].view(-1)
+        self.history = torch.cat([self.history[index], tokens[:, None]], dim=1)  # (N', t + 1)
+        if self.need_attention:
+            self.attn_history = torch.cat([self.attn_history[index], attn[index][:, None]], dim=1)  # (N', t + 1, S)
+        return tokens

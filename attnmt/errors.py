@@ -1,7 +1,8 @@
-"""The error types every stage raises and the exit code each one maps to.
+"""The error types every stage raises, the exit code each one maps to, and the one out-of-memory message.
 
-Library code raises these with a message that names the file, key or line; only ``cli.py`` turns them
-into one ``error:`` line on stderr and an exit code (``../shared/RELIABILITY.md``, the contract).
+Library code raises these with a message that names the file, key or line; only the command line
+(``cli/``) turns them into one ``error:`` line on stderr and an exit code (``docs/RELIABILITY.md``, the
+contract).
 """
 
 from __future__ import annotations
@@ -41,3 +42,23 @@ class DivergedError(AttnmtError):
     """Training produced non-finite values too many times in a row."""
 
     exit_code = 6
+
+
+# Training batches follow train.max_tokens; validation, translation and attention maps follow
+# decode.max_tokens (or --max-tokens), so the message names both.
+OUT_OF_MEMORY = (
+    "out of memory: reduce the batch (--max-tokens or decode.max_tokens when decoding and validating, "
+    "train.max_tokens when training); checkpoints already saved are kept"
+)
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """``MemoryError``, ``torch.OutOfMemoryError`` (CUDA) or the CPU allocator's ``RuntimeError``, told
+    apart by name and message so that this module needs no torch."""
+    text = str(error)
+    return (
+        isinstance(error, MemoryError)
+        or type(error).__name__ == "OutOfMemoryError"
+        or "DefaultCPUAllocator" in text
+        or "can't allocate memory" in text
+    )

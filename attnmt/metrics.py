@@ -1,12 +1,16 @@
 """Corpus-level BLEU, chrF and TER through sacrebleu, on detokenised text, with their signatures.
 
-Takes strings only and imports no model code, so it scores files of any earlier run.
+Takes strings and files only and imports no model code, so it scores files of any earlier run.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
+
+from .data import read_lines
+from .errors import DataError
 
 METRICS = ("bleu", "chrf", "ter")
 
@@ -17,6 +21,13 @@ class Score:
     score: float
     signature: str
     text: str  # sacrebleu's own one-line rendering, e.g. "BLEU = 38.2 70.1/45.3/..."
+
+    @property
+    def label(self) -> str:
+        return "chrF" if self.name == "chrf" else self.name.upper()
+
+    def as_dict(self) -> dict:
+        return {"metric": self.name, "score": round(self.score, 4), "signature": self.signature, "text": self.text}
 
 
 def corpus_scores(
@@ -50,3 +61,30 @@ def corpus_scores(
         result = metric.corpus_score(hypotheses, references)
         out[name] = Score(name, float(result.score), str(metric.get_signature()), str(result))
     return out
+
+
+def read_references(paths: Sequence[Path]) -> list[tuple[Path, list[str]]]:
+    """(path, lines) of each reference file."""
+    return [(Path(p), list(read_lines(p))) for p in paths]
+
+
+def score_corpus(
+    hypotheses: Sequence[str],
+    name: str,
+    references: Sequence[tuple[Path, Sequence[str]]],
+    metrics: Sequence[str] = METRICS,
+    tgt_lang: str | None = None,
+    tokenize: str | None = None,
+    lowercase: bool = False,
+) -> dict[str, Score]:
+    """``corpus_scores`` after checking the files: no reference empty, as many lines in each as in the
+    hypotheses (``name`` says where they come from), at least one line (else a DataError names them)."""
+    for path, lines in references:
+        if not lines:
+            raise DataError(f"{path}: the reference file is empty")
+        if len(lines) != len(hypotheses):
+            raise DataError(f"{name} has {len(hypotheses)} lines, {path} has {len(lines)}")
+    if not hypotheses:
+        raise DataError(f"{name}: no lines to score")
+    streams = [lines for _, lines in references]
+    return corpus_scores(hypotheses, streams, metrics, tgt_lang=tgt_lang, tokenize=tokenize, lowercase=lowercase)

@@ -1,4 +1,4 @@
-"""Looking inside: attention heatmaps, word alignments and training curves, from arrays and strings only.
+"""Drawing: attention heatmaps and training curves, from arrays and strings only.
 
 Letters: H heads, T target (query) positions, S source (key) positions.
 
@@ -10,10 +10,8 @@ never mathtext); a label with characters the default font lacks is drawn in a CJ
 installed (the ``noto-cjk-sans-otc`` package, else a system font), otherwise with missing-glyph boxes,
 and matplotlib's "Glyph missing" warnings are silenced while drawing.
 
-Alignments follow the Pharaoh format: ``i-j`` links source word i to target word j (sure), ``i?j`` or
-``ipj`` is a possible link; indices count from 0 unless one-based. Quality is the alignment error rate
-of Och & Ney (2003, sec. 4): with sure links S, possible links P (P includes S) and predicted links A,
-precision = |A ∩ P| / |A|, recall = |A ∩ S| / |S|, AER = 1 - (|A ∩ S| + |A ∩ P|) / (|A| + |S|).
+Figures are written through ``runfiles.atomic_write_bytes``, so a folder of plots only ever holds
+complete files. Merging pieces into words is ``alignment.merge_words``.
 """
 
 from __future__ import annotations
@@ -23,10 +21,9 @@ import io
 import json
 import math
 import os
-import re
 import unicodedata
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,9 +33,11 @@ from matplotlib.figure import Figure
 from matplotlib.font_manager import FontProperties
 from matplotlib.transforms import offset_copy
 
+from .alignment import merge_words
+from .errors import DataError
+from .runfiles import RunDir, atomic_write_bytes
+
 FORMATS = ("png", "svg", "pdf")
-WORD_START = "\u2581"  # sentencepiece's mark of a piece that begins a word
-SPECIAL_PIECES = frozenset({"<s>", "</s>", "<pad>"})
 
 # Sizes in inches (points for fonts): a cell per token, a cap on the whole figure.
 CELL = 0.2
@@ -286,8 +285,8 @@ def _ticks(ax, axis: str, n: int, labels: Sequence[str] | None, size: float) -> 
 
 
 def save_figure(fig: Figure, path: Path, fmt: str | None = None, dpi: int = 100) -> Path:
-    """Write ``fig`` as png, svg or pdf (from the suffix when ``fmt`` is None), atomically: a temporary
-    file in the same folder renamed into place, so a folder of plots only ever holds complete files."""
+    """Write ``fig`` as png, svg or pdf (from the suffix when ``fmt`` is None), atomically (a temporary
+    file in the same folder renamed into place)."""
     path = Path(path)
     fmt = (fmt or path.suffix.lstrip(".")).lower()
     if fmt not in FORMATS:
@@ -300,13 +299,7 @@ def save_figure(fig: Figure, path: Path, fmt: str | None = None, dpi: int = 100)
         # Fast zlib level for PNG: a heatmap is mostly flat colour, so files stay small anyway.
         extra = {"pil_kwargs": {"compress_level": 1}} if fmt == "png" else {}
         fig.savefig(buffer, format=fmt, dpi=dpi, metadata=_metadata(fmt), **extra)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_bytes(buffer.getvalue())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    atomic_write_bytes(path, buffer.getvalue(), durable=False)
     return path
 
 
@@ -366,126 +359,6 @@ def sentence_maps(
             suffix = f"_head{head + 1}" if head is not None else ""
             written.append(save_figure(fig, Path(out_dir) / f"{number:04d}_{kind}_layer{layer + 1}{suffix}.{fmt}", fmt, dpi))
     return written
-
-
-# ------------------------------------------------------------------------------------------- words
-
-
-def word_groups(pieces: Sequence[str]) -> list[list[int]]:
-    """Positions of the pieces of each word: a piece starting with "▁" starts a word, ``<s>``/``</s>`` are
-    words of their own, any other piece continues the word before it."""
-    groups: list[list[int]] = []
-    open_word = False
-    for k, piece in enumerate(pieces):
-        if piece in SPECIAL_PIECES:
-            groups.append([k])
-            open_word = False
-        elif piece.startswith(WORD_START) or not open_word:
-            groups.append([k])
-            open_word = True
-        else:
-            groups[-1].append(k)
-    return groups
-
-
-def word_labels(pieces: Sequence[str], groups: Sequence[Sequence[int]]) -> list[str]:
-    return ["".join(pieces[k] for k in g).replace(WORD_START, "") or WORD_START for g in groups]
-
-
-def merge_groups(weights: np.ndarray, row_groups: Sequence[Sequence[int]], col_groups: Sequence[Sequence[int]]) -> np.ndarray:
-    """(..., T, S) -> (..., rows, cols): the columns (keys) of a group summed, so a word receives the
-    attention its pieces receive; the rows (queries) of a group averaged, so every row still sums to
-    what it summed to before. Groups are consecutive positions covering the axis in order."""
-    weights = np.asarray(weights, dtype=np.float64)
-    col_starts = [g[0] for g in col_groups]
-    row_starts = [g[0] for g in row_groups]
-    summed = np.add.reduceat(weights, col_starts, axis=-1) if col_starts else weights[..., :0]
-    if not row_starts:
-        return summed[..., :0, :]
-    sizes = np.array([len(g) for g in row_groups], dtype=np.float64)
-    return np.add.reduceat(summed, row_starts, axis=-2) / sizes[:, None]
-
-
-def merge_words(weights: np.ndarray, row_pieces: Sequence[str], col_pieces: Sequence[str]) -> tuple[np.ndarray, list[str], list[str]]:
-    """Attention over pieces -> attention over words (``--words``): key pieces of a word summed, query
-    pieces averaged (``merge_groups``). Returns (weights, row words, column words)."""
-    rows, cols = word_groups(row_pieces), word_groups(col_pieces)
-    return merge_groups(weights, rows, cols), word_labels(row_pieces, rows), word_labels(col_pieces, cols)
-
-
-# ---------------------------------------------------------------------------------------- alignments
-
-Link = tuple[int, int]  # (source word, target word)
-
-
-def extract_alignment(matrix: np.ndarray, method: str = "argmax", threshold: float = 0.5) -> list[Link]:
-    """Links from a word-level attention matrix (T, S): ``argmax`` links each target word to the source
-    word it attends to most; ``threshold`` links every pair whose weight is at least ``threshold``.
-    Returns (source, target) pairs sorted by source, then target."""
-    matrix = np.asarray(matrix)
-    if matrix.ndim != 2:
-        raise ValueError(f"an alignment needs a (T, S) matrix, got shape {matrix.shape}")
-    T, S = matrix.shape
-    if T == 0 or S == 0:
-        return []
-    if method == "argmax":
-        links = [(int(i), j) for j, i in enumerate(matrix.argmax(axis=1))]
-    elif method == "threshold":
-        links = [(int(i), int(j)) for j, i in zip(*np.nonzero(matrix >= threshold))]
-    else:
-        raise ValueError(f"unknown alignment method {method!r}; expected argmax or threshold")
-    return sorted(links)
-
-
-def format_pharaoh(links: Iterable[Link], one_based: bool = False) -> str:
-    shift = 1 if one_based else 0
-    return " ".join(f"{i + shift}-{j + shift}" for i, j in sorted(links))
-
-
-_LINK = re.compile(r"^(\d+)([-?p])(\d+)$")
-
-
-def parse_pharaoh(line: str, one_based: bool = False) -> tuple[set[Link], set[Link]]:
-    """(sure, possible) links of a Pharaoh line: ``i-j`` sure, ``i?j`` or ``ipj`` possible; the possible
-    set includes the sure links (Och & Ney: S ⊆ P). Raises ValueError on a malformed link."""
-    sure: set[Link] = set()
-    possible: set[Link] = set()
-    shift = 1 if one_based else 0
-    for token in line.split():
-        match = _LINK.match(token)
-        if not match:
-            raise ValueError(f"malformed alignment link {token!r} (expected i-j, i?j or ipj)")
-        i, j = int(match.group(1)) - shift, int(match.group(3)) - shift
-        if i < 0 or j < 0:
-            raise ValueError(f"alignment link {token!r} has index 0, but indices are one-based")
-        (sure if match.group(2) == "-" else possible).add((i, j))
-    return sure, possible | sure
-
-
-@dataclass(frozen=True)
-class AlignmentScore:
-    aer: float
-    precision: float
-    recall: float
-    predicted: int  # |A|
-    sure: int  # |S|
-    possible: int  # |P|, sure links included
-    sentences: int
-
-
-def alignment_scores(predicted: Iterable[Iterable[Link]], sure: Iterable[set[Link]], possible: Iterable[set[Link]]) -> AlignmentScore:
-    """Corpus-level AER, precision and recall (Och & Ney 2003, sec. 4): counts summed over sentences.
-    An empty prediction has precision 1, an empty gold recall 1, and both empty AER 0."""
-    a_total = s_total = p_total = a_and_s = a_and_p = n = 0
-    for links, s, p in zip(predicted, sure, possible, strict=True):
-        a, p = set(links), set(p) | set(s)
-        a_total, s_total, p_total = a_total + len(a), s_total + len(s), p_total + len(p)
-        a_and_s, a_and_p = a_and_s + len(a & s), a_and_p + len(a & p)
-        n += 1
-    precision = a_and_p / a_total if a_total else 1.0
-    recall = a_and_s / s_total if s_total else 1.0
-    aer = 1.0 - (a_and_s + a_and_p) / (a_total + s_total) if a_total + s_total else 0.0
-    return AlignmentScore(aer, precision, recall, a_total, s_total, p_total, n)
 
 
 # ------------------------------------------------------------------------------------ training curves
@@ -572,11 +445,34 @@ def assemble(frames: Sequence[Path], out: Path, duration_ms: int = 600) -> Path:
             strip.paste(image, (x, 0))
             x += image.width
         strip.save(buffer, format="PNG")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_bytes(buffer.getvalue())
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
+    atomic_write_bytes(out, buffer.getvalue(), durable=False)
     return out
+
+
+def run_curves(run_dir: Path, out: Path) -> Path:
+    """``attnmt plot-curves``: the curves of a run folder's ``metrics.jsonl`` written as a PNG to ``out``."""
+    run = RunDir(Path(run_dir))
+    if not run.root.is_dir():
+        raise DataError(f"{run_dir}: no such run folder")
+    if not run.metrics.is_file():
+        raise DataError(f"{run.metrics}: not found (has this run trained yet?)")
+    try:
+        fig = curves_figure(read_metrics(run.metrics), title=str(run.root.name))
+    except ValueError as e:
+        raise DataError(f"{run.metrics}: {e}") from None
+    except UnicodeDecodeError as e:
+        raise DataError(f"{run.metrics}: invalid UTF-8 at byte offset {e.start}") from None
+    return save_figure(fig, out, "png")
+
+
+def animate_run(run_dir: Path) -> list[tuple[Path, int]]:
+    """The heatmaps drawn during training (``RUN/plots/step_*/NAME.png``) as one GIF per NAME in
+    ``RUN/plots``; returns (file, frames) of each."""
+    plots = Path(run_dir) / "plots"
+    frames: dict[str, list[Path]] = {}
+    for step_dir in sorted(plots.glob("step_*")):
+        for png in sorted(step_dir.glob("*.png")):
+            frames.setdefault(png.name, []).append(png)
+    if not frames:
+        raise DataError(f"{plots}: no heatmaps from training (train them with --set train.plot_every=1)")
+    return [(assemble(paths, plots / (Path(name).stem + ".gif")), len(paths)) for name, paths in frames.items()]

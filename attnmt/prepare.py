@@ -18,7 +18,7 @@ import numpy as np
 import yaml
 
 from .config import Config
-from .data import Corpus, read_corpus
+from .data import ParallelText, read_corpus
 from .errors import CheckpointError, ConfigError, DataError
 from .runfiles import RunDir, atomic_write_text, replace_dir
 from .tokenizer import META_FILE, UNK_ID, Tokenizer, load_external, load_tokenizer, train_tokenizer
@@ -61,7 +61,7 @@ def _length_stats(ids: list[list[int]]) -> tuple[int, dict[str, int], float]:
     return total, pct, (unk / total if total else 0.0)
 
 
-def encode_split(corpus: Corpus, tokenizer: Tokenizer, max_len: int | None, max_ratio: float | None) -> tuple[dict, SplitStats]:
+def encode_split(corpus: ParallelText, tokenizer: Tokenizer, max_len: int | None, max_ratio: float | None) -> tuple[dict, SplitStats]:
     """Encode a corpus; with ``max_len``/``max_ratio`` drop pairs that are too long or too unequal."""
     src_ids = tokenizer.encode_src(corpus.src)
     tgt_ids = tokenizer.encode_tgt(corpus.tgt)
@@ -97,7 +97,7 @@ def encode_split(corpus: Corpus, tokenizer: Tokenizer, max_len: int | None, max_
     return columns, stats
 
 
-def obtain_tokenizer(cfg: Config, run: RunDir, train: Corpus) -> tuple[Tokenizer, bool]:
+def obtain_tokenizer(cfg: Config, run: RunDir, train: ParallelText) -> tuple[Tokenizer, bool]:
     """The run's tokenizer: a user-given model, the one already in the run folder, or a new one."""
     settings = cfg.tokenizer.model_dump(mode="json")
     if cfg.tokenizer.src_model is not None:
@@ -187,3 +187,4 @@ def _check_dropped(read: int, kept: int, dropped: dict[str, int], max_fraction: 
 
 def _reasons(dropped: dict[str, int]) -> str:
     return ", ".join(f"{n} {why}" for why, n in dropped.items()) or "nothing read"
+

@@ -11,7 +11,7 @@ run/
   .lock              held with fcntl.flock while a process writes the run
 ```
 
-"Nothing lost" (``../shared/RELIABILITY.md``): the run folder only ever gains complete files, because
+"Nothing lost" (``docs/RELIABILITY.md``): the run folder only ever gains complete files, because
 every file is written to a temporary name in the same folder, fsynced and renamed into place.
 """
 
@@ -78,8 +78,11 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see the old file or the whole new one, never a part."""
+def atomic_write_bytes(path: Path, data: bytes, durable: bool = True) -> None:
+    """Write ``data`` to ``path`` so that readers see the old file or the whole new one, never a part.
+
+    ``durable``: fsync the file and its folder, so that the new file survives a power cut too (what a
+    checkpoint or a translation needs; a figure that can be drawn again may skip the cost)."""
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -92,10 +95,12 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         os.fchmod(fd, 0o666 & ~umask)  # mkstemp creates 0600; give the file the user's usual mode
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
+            if durable:
+                handle.flush()
+                os.fsync(handle.fileno())
         os.replace(tmp, path)
-        fsync_dir(path.parent)
+        if durable:
+            fsync_dir(path.parent)
     except OSError as e:
         Path(tmp).unlink(missing_ok=True)
         raise _resource_error(path, e) from None

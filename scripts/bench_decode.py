@@ -76,6 +76,7 @@ def time_search(model, id_batches, beam: int, runs: int, **limits) -> dict:
 
 
 def trained(paths: list[Path], runs: int, batch_size: int) -> list[dict]:
+    from attnmt import fastpath
     from attnmt.checkpoint import load_model
     from attnmt.data import clean
 
@@ -83,6 +84,7 @@ def trained(paths: list[Path], runs: int, batch_size: int) -> list[dict]:
     lines = read_sources(TEST_DE)
     for path in paths:
         model, tokenizer, cfg, ckpt = load_model(path)
+        fastpath.apply(model)  # as the decoding commands do
         ids = tokenizer.encode_src([clean(x) for x in lines])
         batches = [ids[i : i + batch_size] for i in range(0, len(ids), batch_size)]
         d = cfg.decode
@@ -96,6 +98,7 @@ def trained(paths: list[Path], runs: int, batch_size: int) -> list[dict]:
 def equal_work(runs: int, batch_size: int, length: int) -> list[dict]:
     import torch
 
+    from attnmt import fastpath
     from attnmt.config import TransformerConfig
     from attnmt.data import clean
     from attnmt.models import build_model
@@ -105,6 +108,7 @@ def equal_work(runs: int, batch_size: int, length: int) -> list[dict]:
     cfg = TransformerConfig(arch="transformer", d_model=256, n_heads=4, enc_layers=3, dec_layers=3, d_ff=1024,
                             dropout=0.1, share_embeddings=True, tie_output=True)
     model = build_model(cfg, 8000, 8000).eval()
+    fastpath.apply(model)  # as the decoding commands do
     tokenizer_dir = REPO / "runs" / "multi30k_de_en_transformer" / "tokenizer"
     lines = read_sources(TEST_DE)
     if tokenizer_dir.exists():
@@ -128,8 +132,8 @@ def parts(reps: int) -> list[dict]:
     import torch
     import torch.nn.functional as F
 
-    from attnmt import linear
-    from attnmt.attention import math_attention, sdpa_attention
+    from attnmt.fastpath import PackedLinear
+    from attnmt.kernels import math_attention, sdpa_attention
 
     def timed(fn, calls: int = 20) -> float:
         fn()
@@ -142,10 +146,10 @@ def parts(reps: int) -> list[dict]:
     N, B, H, dh, t, S = 320, 64, 4, 64, 16, 20
     cases = []
     for d_in, d_out in ((256, 256), (256, 1024), (1024, 256), (256, 8000)):
-        layer = linear.Linear(d_in, d_out, bias=d_out != 8000)
+        layer = PackedLinear(d_in, d_out, bias=d_out != 8000)
         x = torch.randn(N, d_in)
         cases.append((f"linear {N}x{d_in} -> {d_out}", "F.linear (MKL)", lambda x=x, m=layer: F.linear(x, m.weight, m.bias),
-                      "attnmt Linear (packed oneDNN)", lambda x=x, m=layer: m(x)))
+                      "fastpath.PackedLinear (oneDNN)", lambda x=x, m=layer: m(x)))
     q, k, v = torch.randn(N, H, 1, dh), torch.randn(N, H, t, dh), torch.randn(N, H, t, dh)
     cases.append((f"self-attention step {N}x{H}x1 over {t}", "sdpa", lambda: sdpa_attention(q, k, v),
                   "math (step kernel)", lambda: math_attention(q, k, v)))

@@ -55,6 +55,7 @@ def child(arch: str, steps: int, threads: int, data: str | None, device: str, pr
 
     from attnmt.config import load_config
     from attnmt.runfiles import RunDir
+    from attnmt.runlog import quiet
     from attnmt.train import Trainer
 
     torch.set_num_threads(threads)
@@ -65,7 +66,7 @@ def child(arch: str, steps: int, threads: int, data: str | None, device: str, pr
     cfg = load_config(REPO / RECIPES[arch], overrides)
     with tempfile.TemporaryDirectory() as tmp:
         cfg.train.run_dir = Path(tmp)
-        trainer = Trainer(cfg, RunDir(Path(tmp)), lambda kind, record: None)
+        trainer = Trainer(cfg, RunDir(Path(tmp)), quiet)
         trainer.setup(resume=False)
         batches = trainer.sampler.batches(0)
         accum = cfg.train.accum_steps
@@ -82,8 +83,8 @@ def child(arch: str, steps: int, threads: int, data: str | None, device: str, pr
         tokens = tgt_tokens = 0
         for group in measured:
             result = trainer.train_step(group)
-            tokens += result["tokens"]
-            tgt_tokens += result["tgt_tokens"]
+            tokens += result.tokens
+            tgt_tokens += result.tgt_tokens
         if device == "cuda":
             torch.cuda.synchronize()
         seconds = time.perf_counter() - start

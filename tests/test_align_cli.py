@@ -13,12 +13,12 @@ import logging
 import shutil
 
 import pytest
-from conftest import assert_one_error_line
+from helpers import assert_one_error_line
 from PIL import Image
 from typer.testing import CliRunner
 
+from attnmt.alignment import alignment_scores, parse_pharaoh
 from attnmt.cli import app
-from attnmt.plot import alignment_scores, parse_pharaoh
 
 TOY_TEST = 100
 # The toy task, a 100-piece joint tokenizer; small models, dropout off so that a few hundred steps do.
@@ -115,19 +115,19 @@ def test_training_wrote_heatmaps_and_plot_curves_animates_them(toy):
 
 
 def test_a_failing_plot_never_stops_training(toy, tmp_path, monkeypatch, caplog):
-    import attnmt.plot
+    import attnmt.attention_maps
 
     def broken(*args, **kwargs):
         raise RuntimeError("no figure today")
 
-    monkeypatch.setattr(attnmt.plot, "sentence_maps", broken)
+    monkeypatch.setattr(attnmt.attention_maps, "sentence_maps", broken)
     runs, _ = toy
     run = tmp_path / "run"
     for part in ("data", "tokenizer"):
         shutil.copytree(runs["lstm"] / part, run / part)
     shutil.copy(runs["lstm"] / "config.yaml", run / "config.yaml")
     sets = [x for item in ("train.max_steps=2", "train.eval_every=1", "train.plot_every=1") for x in ("--set", item)]
-    with caplog.at_level(logging.WARNING, logger="attnmt.train"):
+    with caplog.at_level(logging.WARNING, logger="attnmt.validation"):
         result = invoke("train", runs["transformer"].parent / "transformer.yaml", "--run-dir", run, *sets)
     assert result.exit_code == 0, result.output
     assert caplog.text.count("could not plot the dev attention: RuntimeError: no figure today") == 2

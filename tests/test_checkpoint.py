@@ -11,14 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_one_error_line
+from helpers import assert_one_error_line
 from typer.testing import CliRunner
 
 from attnmt.checkpoint import (
     FORMAT,
     latest_checkpoint,
     load_checkpoint,
-    prune_checkpoints,
     read_pointer,
     save_checkpoint,
     sha256_file,
@@ -210,22 +209,3 @@ def test_save_writes_file_and_pointer_atomically(run_copy):
     assert pointer["sha256"] == sha256_file(run_copy.checkpoints / step_file(31))
     assert not [p for p in os.listdir(run_copy.checkpoints) if ".tmp-" in p]
     assert load_checkpoint(run_copy.checkpoints / step_file(31), pointer["sha256"])["progress"] == payload["progress"]
-
-
-# ------------------------------------------------------------------------------------------ pruning
-
-
-def test_prune_keeps_the_newest_and_the_best(tmp_path):
-    run = RunDir(tmp_path)
-    run.checkpoints.mkdir()
-    for step in (3, 6, 9, 12, 15):
-        (run.checkpoints / step_file(step)).write_bytes(b"x")
-    (run.checkpoints / "notes.pt").write_bytes(b"x")
-    (run.checkpoints / "step_00000001.pt").symlink_to(tmp_path / "outside.pt")
-    (tmp_path / "outside.pt").write_bytes(b"x")
-    best = {"step": 6, "file": step_file(6), "checkpoints": [{"step": 6, "file": step_file(6)}, {"step": 3, "file": step_file(3)}]}
-    (run.checkpoints / "best.json").write_text(json.dumps(best), encoding="utf-8")
-    (run.checkpoints / "latest.json").write_text(json.dumps({"step": 15, "file": step_file(15)}), encoding="utf-8")
-    prune_checkpoints(run, keep_last=2)
-    assert step_files(run) == ["step_00000001.pt", step_file(3), step_file(6), step_file(12), step_file(15)]
-    assert (run.checkpoints / "notes.pt").exists() and (tmp_path / "outside.pt").exists()

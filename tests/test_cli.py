@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import (
+from helpers import (
     OFFLINE_ENV,
     REPO,
     TOY_CONFIG,
@@ -17,6 +17,7 @@ from conftest import (
     TOY_VOCAB,
     assert_one_error_line,
     hash_tree,
+    run_attnmt,
 )
 from typer.testing import CliRunner
 
@@ -90,7 +91,7 @@ def test_changed_tokenizer_settings_are_refused_and_change_nothing(toy_run_copy)
     assert hash_tree(toy_run_copy) == before
 
 
-def test_prepare_as_a_subprocess(run_attnmt, tmp_path):
+def test_prepare_as_a_subprocess(tmp_path):
     import datasets
 
     result = run_attnmt("prepare", TOY_CONFIG, "--run-dir", "run", *TOY_SET, cwd=tmp_path)
@@ -169,7 +170,7 @@ def test_missing_config_file(tmp_path):
     assert assert_one_error_line(result.stderr) == f"error: {tmp_path / 'nope.yaml'}: config file not found"
 
 
-def test_bad_config_in_a_subprocess(run_attnmt, tmp_path):
+def test_bad_config_in_a_subprocess(tmp_path):
     (tmp_path / "cfg.yaml").write_text("data:\n\tsrc_lang: en\n")
     result = run_attnmt("prepare", tmp_path / "cfg.yaml", "--run-dir", tmp_path / "run")
     assert result.returncode == 2
@@ -177,7 +178,7 @@ def test_bad_config_in_a_subprocess(run_attnmt, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def test_locked_run_folder_exits_5(run_attnmt, toy_run_copy):
+def test_locked_run_folder_exits_5(toy_run_copy):
     before = hash_tree(toy_run_copy)
     fd = os.open(toy_run_copy / ".lock", os.O_RDWR)
     try:

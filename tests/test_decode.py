@@ -15,7 +15,7 @@ import torch
 from attnmt.batching import collate
 from attnmt.config import LSTMConfig, TransformerConfig
 from attnmt.decode import beam_search, gnmt_penalty, greedy_search, max_output_lengths
-from attnmt.models import build_model, select
+from attnmt.models import build_model, take_rows
 from attnmt.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 V = 10
@@ -54,7 +54,8 @@ class Biased:
         logits, state, attn = self.model.step(tokens, state, need_attention)
         return logits + self.bias, state, attn
 
-    select = staticmethod(select)
+    def select(self, state, index, inplace=False):
+        return self.model.select(state, index, inplace)
 
 
 class Uncached:
@@ -72,7 +73,8 @@ class Uncached:
         attn = out.attention["cross"][-1][:, :, -1].mean(1) if need_attention else None  # (B, S)
         return out.logits[:, -1], {**state, "prefix": prefix}, attn
 
-    select = staticmethod(select)
+    def select(self, state, index, inplace=False):
+        return take_rows(state, index)
 
 
 class Table:
@@ -90,7 +92,8 @@ class Table:
         attn = mask / mask.sum(1, keepdim=True) if need_attention else None
         return self.logits[pos.clamp(max=len(self.logits) - 1)], {**state, "pos": pos + 1}, attn
 
-    select = staticmethod(select)
+    def select(self, state, index, inplace=False):
+        return take_rows(state, index)
 
 
 def exhaustive(model, src, src_mask, vocab, limit, alpha, nbest, min_len=0):

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import (
+from helpers import (
     OFFLINE_ENV,
     REPO,
     TINY_MODELS,
@@ -645,7 +645,7 @@ def test_35_out_of_memory_exits_5_with_a_hint_and_keeps_the_checkpoint(tmp_path)
                             env=train_env(), capture_output=True, text=True, timeout=180, preexec_fn=limit_address_space)  # fmt: skip
     assert result.returncode == 5, result.stderr
     line = assert_one_error_line(result.stderr)
-    assert "out of memory: reduce train.max_tokens" in line and "decode.max_tokens (validation batches)" in line
+    assert "out of memory: reduce the batch" in line and "decode.max_tokens" in line and "train.max_tokens" in line
     pointer = read_pointer(RunDir(run), "latest")
     assert pointer["step"] == 1
     payload = load_checkpoint(run / "checkpoints" / step_file(1), pointer["sha256"])
@@ -678,13 +678,13 @@ class _Terminal:
 
 @pytest.mark.parametrize("tty", [True, False])
 def test_39_terminal_stdin_gets_one_hint_then_reads_like_cat(monkeypatch, capsys, tty):
-    from attnmt.cli import _input_lines
+    from attnmt.cli.common import input_lines
 
     stdin = _Terminal(b"first line\nsecond\n")
     if not tty:
         stdin.isatty = lambda: False
     monkeypatch.setattr(sys, "stdin", stdin)
-    assert list(_input_lines(None)) == ["first line", "second"]
+    assert list(input_lines(None)) == ["first line", "second"]
     hint = "attnmt: reading sentences from the terminal, one per line; Ctrl-D to end\n"
     assert capsys.readouterr().err == (hint if tty else "")
 
@@ -755,7 +755,7 @@ def test_out_of_memory_outside_training_exits_5(tmp_path, monkeypatch):
                            "you tried to allocate 4096000000 bytes. Error code 12 (Cannot allocate memory)")  # fmt: skip
 
     monkeypatch.setattr(attnmt.checkpoint, "load_model", no_memory)
-    expect_error(invoke("translate", tmp_path / "model.pt", SOURCES[0]), 5, "out of memory (reduce the batch: --max-tokens")
+    expect_error(invoke("translate", tmp_path / "model.pt", SOURCES[0]), 5, "out of memory: reduce the batch (--max-tokens")
 
 
 # A bug whose frame holds a secret in a local variable (built at run time, so no source line shows it).

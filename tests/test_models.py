@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch import nn
 
+from attnmt import fastpath
 from attnmt.batching import collate
 from attnmt.config import LSTMConfig, TransformerConfig
 from attnmt.loss import label_smoothed_nll
@@ -173,7 +174,7 @@ def test_cache_that_grows_gives_the_same_steps(name, monkeypatch):
             if t == 3:
                 state = model.select(state, index)
             logits, state, _ = model.step(batch.tgt_in[rows, t], state)
-            capacities.append(state["self_kv"][0][0].size(2))
+            capacities.append(state.self_kv[0][0].size(2))
             assert_close(logits, reference[rows, t])
     assert capacities[0] == 2 and capacities[-1] == 16, capacities
 
@@ -278,6 +279,7 @@ def test_fp32_decoding_with_packed_products_follows_teacher_forcing(name, monkey
     float64 tests above take F.linear); a 2-position cache grows through 16 across an in-place select."""
     torch.manual_seed(0)
     model = build_model(CONFIGS[name], V, V, PAD_ID).eval()
+    assert fastpath.apply(model) > 0
     monkeypatch.setattr(model, "cache_capacity", 2)
     batch = batch_of(SRC, sentences([12, 17, 9], seed=5))
     index = torch.tensor([2, 0, 0, 1, 2])
@@ -290,7 +292,7 @@ def test_fp32_decoding_with_packed_products_follows_teacher_forcing(name, monkey
                 state = model.select(state, index, inplace=True)
             logits, state, _ = model.step(batch.tgt_in[rows, t], state)
             assert_close(logits, full[rows, t], atol=1e-5)
-    assert state["self_kv"][0][0].size(2) == 32
+    assert state.self_kv[0][0].size(2) == 32
 
 
 # ----------------------------------------------------------------- padding and batch neighbours
@@ -387,7 +389,7 @@ def test_transformer_attention_shapes_and_rows(name):
 @pytest.mark.parametrize("name", list(TRANSFORMERS)[3:])
 def test_sparse_encoder_attention_follows_its_pattern(name):
     """The pattern must cut: some key a dense encoder would see gets weight 0 at a real position."""
-    from attnmt.attention import sparse_pattern
+    from attnmt.kernels import sparse_pattern
 
     model = make_model(CONFIGS[name])
     batch = batch_of()

@@ -1,7 +1,7 @@
-"""plot.py on its own: arrays and labels in, figures, alignments and scores out; no model, no torch.
+"""plot.py on its own: arrays and labels in, figures out; no model, no torch.
 
-Oracles: the labels and weights that went in, hand-computed alignments and AER (Och & Ney 2003), the
-pixel size a figure of so many inches must have at a given dpi, and matplotlib's rcParams unchanged.
+Oracles: the labels and weights that went in, the pixel size a figure of so many inches must have at a
+given dpi, and matplotlib's rcParams unchanged.
 """
 
 from __future__ import annotations
@@ -121,69 +121,6 @@ def test_sentence_maps_writes_one_file_per_kind_and_layer(tmp_path):
     assert sorted(p.name for p in written) == ["0001_cross_layer2_head1.svg", "0001_enc_self_layer2_head1.svg"]
     assert all(p.stat().st_size > 0 for p in written)
     assert not list(tmp_path.glob(".*tmp*"))  # written atomically: no temporary file left
-
-
-# ------------------------------------------------------------------------------------------- words
-
-
-def test_word_groups_follow_the_word_start_marks():
-    assert plot.word_groups(SRC) == [[0, 1], [2], [3], [4, 5], [6]]
-    assert plot.word_labels(SRC, plot.word_groups(SRC)) == ["tuesday", ",", "march", "14th", "</s>"]
-    assert plot.word_groups(["<s>", "▁", "2019", "▁x"]) == [[0], [1, 2], [3]]
-    assert plot.word_groups(["ab", "▁c"]) == [[0], [1]]  # a first piece without the mark still starts a word
-
-
-def test_merge_words_sums_source_pieces_and_averages_target_pieces():
-    w = weights(1, 4, len(SRC))[0]  # rows: target pieces
-    rows = ["▁dien", "stag", "▁,", "</s>"]
-    merged, row_words, col_words = plot.merge_words(w, rows, SRC)
-    assert row_words == ["dienstag", ",", "</s>"] and col_words == ["tuesday", ",", "march", "14th", "</s>"]
-    expected_cols = np.stack([w[:, 0] + w[:, 1], w[:, 2], w[:, 3], w[:, 4] + w[:, 5], w[:, 6]], axis=1)
-    np.testing.assert_allclose(merged, np.stack([expected_cols[:2].mean(0), expected_cols[2], expected_cols[3]]))
-    np.testing.assert_allclose(merged.sum(1), 1.0)  # still a distribution per target word
-
-
-# ---------------------------------------------------------------------------------------- alignments
-
-
-def test_argmax_and_threshold_extraction_on_a_hand_made_matrix():
-    m = np.array([
-        [0.1, 0.7, 0.2],  # target word 0 -> source word 1
-        [0.6, 0.1, 0.3],  # target word 1 -> source word 0
-        [0.0, 0.45, 0.55],  # target word 2 -> source word 2 (and 1 above 0.4)
-    ])  # fmt: skip
-    assert plot.extract_alignment(m) == [(0, 1), (1, 0), (2, 2)]
-    assert plot.extract_alignment(m, "threshold", 0.4) == [(0, 1), (1, 0), (1, 2), (2, 2)]
-    assert plot.extract_alignment(np.zeros((0, 3))) == []
-    with pytest.raises(ValueError, match="method"):
-        plot.extract_alignment(m, "intersect")
-    assert plot.format_pharaoh([(1, 0), (0, 1)]) == "0-1 1-0"
-    assert plot.format_pharaoh([(0, 1)], one_based=True) == "1-2"
-
-
-def test_pharaoh_reading_sure_possible_and_one_based():
-    sure, possible = plot.parse_pharaoh("0-1 2?3 4p5")
-    assert sure == {(0, 1)} and possible == {(0, 1), (2, 3), (4, 5)}
-    assert plot.parse_pharaoh("1-2 3?1", one_based=True) == ({(0, 1)}, {(0, 1), (2, 0)})
-    assert plot.parse_pharaoh("") == (set(), set())
-    for bad in ("0-x", "0:1", "1--2", "-1-2"):
-        with pytest.raises(ValueError, match="malformed"):
-            plot.parse_pharaoh(bad)
-    with pytest.raises(ValueError, match="one-based"):
-        plot.parse_pharaoh("0-1", one_based=True)
-
-
-def test_aer_of_gold_against_itself_is_zero_and_of_a_wrong_alignment_as_computed_by_hand():
-    sure = [{(0, 0), (1, 1)}, {(0, 1)}]
-    possible = [{(0, 0), (1, 1), (2, 1)}, {(0, 1), (1, 0)}]
-    perfect = plot.alignment_scores(sure, sure, possible)
-    assert (perfect.aer, perfect.precision, perfect.recall) == (0.0, 1.0, 1.0)
-    # A = {(0,0), (2,1), (1,2)} + {(1,1)}: |A| = 4, |S| = 3, |A∩S| = 1, |A∩P| = 2
-    score = plot.alignment_scores([{(0, 0), (2, 1), (1, 2)}, {(1, 1)}], sure, possible)
-    assert score.aer == pytest.approx(1 - (1 + 2) / (4 + 3))
-    assert score.precision == pytest.approx(2 / 4) and score.recall == pytest.approx(1 / 3)
-    assert (score.predicted, score.sure, score.possible, score.sentences) == (4, 3, 5, 2)
-    assert plot.alignment_scores([set()], [set()], [set()]).aer == 0.0
 
 
 # ----------------------------------------------------------------------------------- curves and GIFs

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from attnmt.config import TokenizerConfig, config_from_dict
-from attnmt.data import Corpus, toy_pairs
+from attnmt.data import ParallelText, toy_pairs
 from attnmt.errors import CheckpointError, DataError
 from attnmt.prepare import obtain_tokenizer
 from attnmt.runfiles import RunDir
@@ -142,7 +142,7 @@ def saved(request, tmp_path_factory):
     run = RunDir(tmp_path_factory.mktemp("tok") / "run")
     cfg = _toy_config(run.root, joint=request.param)
     pairs = toy_pairs("train", 200)
-    train = Corpus("train", [p[0] for p in pairs], [p[1] for p in pairs])
+    train = ParallelText("train", [p[0] for p in pairs], [p[1] for p in pairs])
     tokenizer, trained = obtain_tokenizer(cfg, run, train)
     assert trained
     return run, cfg, train, tokenizer

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import (
+from helpers import (
     REPO,
     assert_one_error_line,
     curve,
@@ -38,8 +38,9 @@ from typer.testing import CliRunner
 
 from attnmt.checkpoint import latest_checkpoint, load_checkpoint, read_pointer, sha256_file, step_file
 from attnmt.cli import app
+from attnmt.faults import Faults
+from attnmt.optim import Schedule
 from attnmt.runfiles import RunDir, RunLock
-from attnmt.train import Schedule
 
 KILLED = (-signal.SIGKILL, 128 + signal.SIGKILL)  # subprocess's and a shell's way of saying SIGKILL
 
@@ -227,11 +228,10 @@ def test_sigterm_exits_143_after_saving_and_resume_continues_the_curve(tiny, tmp
 # --------------------------------------------------------------------------------- non-finite steps
 
 
-def test_one_nan_step_is_skipped(tiny, tmp_path, monkeypatch):
+def test_one_nan_step_is_skipped(tiny, tmp_path):
     run = tiny.copy_prepared(tmp_path / "run")
-    monkeypatch.setenv("ATTNMT_FAULT", "nan_at_step:4")
     sets = ("train.max_steps=6", "train.save_every=1", "train.keep_last=10", "train.eval_every=100")
-    result = invoke_train(tiny.config["transformer"], run, *sets)
+    result = invoke_train(tiny.config["transformer"], run, *sets, faults=Faults(nan_at_step=4))
     assert result.exit_code == 0, result.output
     assert [r["step"] for r in read_records(run, "nonfinite")] == [4]
     assert [r["step"] for r in read_records(run)] == [1, 2, 3, 5, 6]
@@ -246,10 +246,10 @@ def test_one_nan_step_is_skipped(tiny, tmp_path, monkeypatch):
     assert final["progress"]["nonfinite_skips"] == 1 and final["progress"]["nonfinite_in_row"] == 0
 
 
-def test_nan_streak_stops_with_exit_6_and_finite_checkpoints(tiny, tmp_path, monkeypatch):
+def test_nan_streak_stops_with_exit_6_and_finite_checkpoints(tiny, tmp_path):
     run = tiny.copy_prepared(tmp_path / "run")
-    monkeypatch.setenv("ATTNMT_FAULT", "nan_from_step:5")
-    result = invoke_train(tiny.config["transformer"], run, "train.max_nonfinite=3", "train.save_every=2")
+    result = invoke_train(tiny.config["transformer"], run, "train.max_nonfinite=3", "train.save_every=2",
+                          faults=Faults(nan_from_step=5))
     assert result.exit_code == 6, result.output
     line = assert_one_error_line(result.stderr)
     assert "diverged at step 7" in line and "last good checkpoint: step 6" in line
@@ -299,9 +299,10 @@ def test_two_ranks_equal_one_rank_accumulating_two(tiny, tmp_path):
 # ------------------------------------------------------------------------------------ resume guards
 
 
-def invoke_train(config: Path, run: Path, *sets: str, resume: bool = False):
+def invoke_train(config: Path, run: Path, *sets: str, resume: bool = False, faults: Faults | None = None):
+    """``attnmt train`` in-process; ``faults`` reach it as the Click context object, as tests/fault_run.py passes them."""
     args = ["train", str(config), "--run-dir", str(run)] + [a for s in sets for a in ("--set", s)]
-    return CliRunner().invoke(app, args + (["--resume"] if resume else []))
+    return CliRunner().invoke(app, args + (["--resume"] if resume else []), obj=faults)
 
 
 def test_resume_with_a_changed_lr_exits_2_naming_it(tiny, tmp_path):
@@ -379,19 +380,19 @@ def test_valid_records_carry_scores_and_sacrebleu_signatures(tiny):
 
 def test_validation_with_beam_search_scores_the_beam_translations(tiny, tmp_path, monkeypatch):
     """valid_beam_size 3: validation searches with a beam of 3, and the dev BLEU is that of those translations."""
-    import attnmt.train
+    import attnmt.validation
+    from attnmt.batching import load_split
     from attnmt.checkpoint import load_model
-    from attnmt.decode import Translator
     from attnmt.metrics import corpus_scores
-    from attnmt.train import load_split
+    from attnmt.translator import Translator
 
     beams = []
 
-    def spy(model, tokenizer, beam_size, *args, **kwargs):
-        beams.append(beam_size)
-        return Translator(model, tokenizer, beam_size, *args, **kwargs)
+    def spy(model, tokenizer, decode, *args, **kwargs):
+        beams.append(decode.beam_size)
+        return Translator(model, tokenizer, decode, *args, **kwargs)
 
-    monkeypatch.setattr(attnmt.train, "Translator", spy)
+    monkeypatch.setattr(attnmt.validation, "Translator", spy)
     run = tiny.copy_prepared(tmp_path / "run")
     result = invoke_train(tiny.config["transformer"], run, "train.valid_beam_size=3", "train.eval_every=30", "train.save_every=30")
     assert result.exit_code == 0, result.output
@@ -399,8 +400,8 @@ def test_validation_with_beam_search_scores_the_beam_translations(tiny, tmp_path
     (valid,) = read_records(run, "valid")
     model, tokenizer, cfg, _ = load_model(run / "checkpoints" / step_file(30))
     dev = load_split(RunDir(run), "dev")
-    d = cfg.decode
-    hyps = Translator(model, tokenizer, 3, 1, d.length_penalty, d.max_len_a, d.max_len_b, d.min_len).search(dev.src_ids)
+    decode = cfg.decode.model_copy(update={"beam_size": 3, "nbest": 1})
+    hyps = Translator(model, tokenizer, decode).search(dev.src_ids)
     texts = tokenizer.decode_tgt([h[0].tokens for h in hyps])
     assert valid["bleu"] == corpus_scores(texts, [dev.tgt_text], ["bleu"], tgt_lang="de")["bleu"].score
     assert valid["example"] == texts[0]

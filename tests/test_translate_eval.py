@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import OFFLINE_ENV, REPO, assert_one_error_line, hash_tree, train_cli
+from helpers import OFFLINE_ENV, REPO, assert_one_error_line, hash_tree, train_cli
 from typer.testing import CliRunner
 
 from attnmt.cli import app

@@ -1,4 +1,10 @@
-"""Model architectures: ``ARCHS`` maps ``model.arch`` to a class; ``build_model`` makes one from its config."""
+"""Model architectures: ``ARCHS`` maps ``model.arch`` to a class; ``build_model`` makes one from its config.
+
+Adding an architecture: a module here with a class that takes (its config slice, source vocabulary size,
+target vocabulary size, pad id) and satisfies ``protocol.TranslationModel``, an entry in ``ARCHS``, its
+config section in ``config.py``, and its attention layout in ``attention_layout``. Nothing in
+``decode.py`` changes.
+"""
 
 from __future__ import annotations
 
@@ -6,16 +12,26 @@ from torch import nn
 
 from ..config import LSTMConfig, TransformerConfig
 from .lstm import LSTMModel
-from .protocol import ModelOutput, select
+from .protocol import DecoderState, ModelOutput, TranslationModel, take_rows
 from .transformer import TransformerModel
 
 ARCHS: dict[str, type[nn.Module]] = {"lstm": LSTMModel, "transformer": TransformerModel}
 
-__all__ = ["ARCHS", "ModelOutput", "build_model", "parameter_counts", "select"]
+__all__ = ["ARCHS", "DecoderState", "ModelOutput", "TranslationModel", "attention_layout", "build_model",
+           "parameter_counts", "take_rows"]
 
 
 def build_model(cfg: LSTMConfig | TransformerConfig, src_vocab_size: int, tgt_vocab_size: int, pad_id: int = 0) -> nn.Module:
     return ARCHS[cfg.arch](cfg, src_vocab_size, tgt_vocab_size, pad_id)
+
+
+def attention_layout(cfg: LSTMConfig | TransformerConfig) -> tuple[dict[str, int], int]:
+    """({attention kind: layers}, heads) of a model config, as ``model(batch, need_attention=True)``
+    returns them: an LSTM has one single-head cross-attention; a Transformer has cross, encoder-self and
+    decoder-self attention in every layer."""
+    if cfg.arch == "transformer":
+        return {"cross": cfg.dec_layers, "enc_self": cfg.enc_layers, "dec_self": cfg.dec_layers}, cfg.n_heads
+    return {"cross": 1}, 1
 
 
 def parameter_counts(model: nn.Module) -> dict[str, int]:

@@ -13,14 +13,28 @@ One decoder step (t = 1 .. T):
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from ..attention import Attention
 from ..config import LSTMConfig
-from ..linear import Linear
-from .protocol import ModelOutput, select_grouped, to_blocks
+from .protocol import DecoderState, ModelOutput, per_row, per_sentence, select_rows, to_blocks
+
+
+@dataclass(frozen=True, kw_only=True)
+class LSTMState(DecoderState):
+    """The LSTM's decoding state (``models/protocol.py``): N rows = sentences x beams."""
+
+    memory: torch.Tensor = per_sentence()  # (B, S, 2H) the encoder's output
+    keys: torch.Tensor = per_sentence()  # (B, S, *) the attention's projected keys: once, not once per step
+    src_mask: torch.Tensor = per_sentence()  # (B, S)
+    h: torch.Tensor = per_row()  # (N, L, Hd) batch first, so that select can reorder it
+    c: torch.Tensor = per_row()  # (N, L, Hd)
+    feed: torch.Tensor = per_row()  # (N, out_dim) the last attentional vector (input feeding)
 
 
 class LSTMModel(nn.Module):
@@ -39,17 +53,17 @@ class LSTMModel(nn.Module):
         self.dropout = nn.Dropout(cfg.dropout)
         self.encoder = nn.LSTM(E, H, cfg.enc_layers, batch_first=True, bidirectional=True, dropout=cfg.dropout if cfg.enc_layers > 1 else 0.0)
         # Bridge: the encoder's final states (both directions) -> the decoder's initial h and c per layer.
-        self.bridge_h = Linear(2 * H, cfg.dec_layers * Hd)
-        self.bridge_c = Linear(2 * H, cfg.dec_layers * Hd)
+        self.bridge_h = nn.Linear(2 * H, cfg.dec_layers * Hd)
+        self.bridge_c = nn.Linear(2 * H, cfg.dec_layers * Hd)
         self.decoder = nn.LSTM(E + (self.out_dim if cfg.input_feeding else 0), Hd, cfg.dec_layers, batch_first=True,
                                dropout=cfg.dropout if cfg.dec_layers > 1 else 0.0)
         self.attention = Attention(cfg.attention, Hd, 2 * H, cfg.attn_dim)
-        self.combine = Linear(Hd + 2 * H, self.out_dim, bias=False)
-        self.output = Linear(self.out_dim, tgt_vocab_size, bias=False)
+        self.combine = nn.Linear(Hd + 2 * H, self.out_dim, bias=False)
+        self.output = nn.Linear(self.out_dim, tgt_vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.output.weight = self.tgt_embed.weight
 
-    def encode(self, src: torch.Tensor, src_mask: torch.Tensor) -> dict:
+    def encode(self, src: torch.Tensor, src_mask: torch.Tensor) -> LSTMState:
         """src (B, S) -> the decoding state: memory, projected keys, initial decoder state."""
         lengths = src_mask.sum(1).clamp(min=1)  # (B,)
         x = self.dropout(self.src_embed(src))  # (B, S, E)
@@ -63,30 +77,23 @@ class LSTMModel(nn.Module):
         c_last = torch.cat([c_n[-2], c_n[-1]], dim=-1)
         h0 = torch.tanh(self.bridge_h(h_last)).view(B, L, Hd)  # (B, L, Hd): batch first so select() can reorder it
         c0 = self.bridge_c(c_last).view(B, L, Hd)
-        return {
-            "memory": memory,  # per sentence
-            "keys": self.attention.project_keys(memory),  # per sentence: once, not once per step
-            "src_mask": src_mask,  # per sentence
-            "h": h0,  # per row
-            "c": c0,
-            "feed": memory.new_zeros(B, self.out_dim),
-            "group": 1,  # rows per sentence
-        }
+        keys = self.attention.project_keys(memory)
+        return LSTMState(memory=memory, keys=keys, src_mask=src_mask, h=h0, c=c0, feed=memory.new_zeros(B, self.out_dim))
 
-    def step(self, tokens: torch.Tensor, state: dict, need_attention: bool = False):
-        """tokens (N,) -> (logits (N, V), new state, attention (N, S) or None); N = sentences x group."""
+    def step(self, tokens: torch.Tensor, state: LSTMState, need_attention: bool = False):
+        """tokens (N,) -> (logits (N, V), new state, attention (N, S) or None); N = sentences x beams."""
         x = self.dropout(self.tgt_embed(tokens))  # (B, E)
         if self.cfg.input_feeding:
-            x = torch.cat([x, state["feed"]], dim=-1)  # (B, E + out_dim)
-        hc = (state["h"].transpose(0, 1).contiguous(), state["c"].transpose(0, 1).contiguous())  # (L, B, Hd) each
+            x = torch.cat([x, state.feed], dim=-1)  # (B, E + out_dim)
+        hc = (state.h.transpose(0, 1).contiguous(), state.c.transpose(0, 1).contiguous())  # (L, B, Hd) each
         out, (h, c) = self.decoder(x[:, None], hc)  # out (B, 1, Hd)
         query = out[:, 0]  # (N, Hd)
-        # The group's rows (beams) are extra queries of their sentence: memory and keys are never copied per beam.
-        context, weights = self.attention(to_blocks(query, state["group"]), state["keys"], state["memory"], state["src_mask"])
+        # A sentence's beams are extra queries of it: memory and keys are never copied per beam.
+        context, weights = self.attention(to_blocks(query, state.beams), state.keys, state.memory, state.src_mask)
         context, weights = context.flatten(0, 1), weights.flatten(0, 1)  # (N, 2H), (N, S)
         feed = torch.tanh(self.combine(torch.cat([query, context], dim=-1)))  # (B, out_dim)
         logits = self.output(self.dropout(feed))  # (B, V)
-        new_state = {**state, "h": h.transpose(0, 1), "c": c.transpose(0, 1), "feed": feed}
+        new_state = dataclasses.replace(state, h=h.transpose(0, 1), c=c.transpose(0, 1), feed=feed)
         return logits, new_state, (weights if need_attention else None)
 
     def forward(self, batch, need_attention: bool = False) -> ModelOutput:
@@ -100,7 +107,7 @@ class LSTMModel(nn.Module):
         attention = {"cross": [torch.stack(weights, dim=1)[:, None]]} if need_attention else None  # [(B, 1, T, S)]
         return ModelOutput(torch.stack(logits, dim=1), attention)
 
-    def select(self, state: dict, index: torch.Tensor, inplace: bool = False) -> dict:
+    def select(self, state: LSTMState, index: torch.Tensor, inplace: bool = False) -> LSTMState:
         """Keep or repeat rows (N',); the per-sentence part moves only when the sentences change. Always
         a copy (``inplace`` is ignored: the per-row state is a few vectors per row)."""
-        return select_grouped(state, index, ("h", "c", "feed"), ("memory", "keys", "src_mask"), state["src_mask"].size(0))
+        return select_rows(state, index, state.src_mask.size(0))

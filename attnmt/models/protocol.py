@@ -1,29 +1,35 @@
-"""What every architecture gives the trainer and the decoder.
+"""What every architecture gives the trainer and the decoder: ``TranslationModel`` and its decoding states.
 
-``model(batch, need_attention)`` returns ``ModelOutput`` (teacher forcing). Decoding goes through four
-calls that ``decode.py`` relies on, and nothing else:
+Teacher forcing: ``model(batch, need_attention)`` returns a ``ModelOutput``. Decoding goes through
+three calls that ``decode.py`` relies on, and nothing else:
 
 - ``encode(src, src_mask) -> state``: run the encoder once; the state holds what every step needs;
-- ``step(tokens (B,), state, need_attention) -> (logits (B, V), state, attention (B, S) or None)``:
-  one target position; the cache is a value passed in and handed back, never stashed on the module
-  (a model may write preallocated buffers in place, as the Transformer does, if every state it ever
-  handed out still decodes the same: stepping or selecting from one state twice must work);
-- ``select(state, index, inplace=False)``: keep or repeat batch rows (beam search reorders hypotheses
-  with it). ``inplace=True`` says the caller is done with ``state`` and with the states it was stepped
-  from: the model may then overwrite their storage (the searches pass it; a model is free to ignore it).
+- ``step(tokens (N,), state, need_attention) -> (logits (N, V), state, attention (N, S) or None)``:
+  one target position for every row;
+- ``select(state, index (N',), inplace=False) -> state``: keep or repeat rows (beam search reorders
+  its hypotheses with it, and drops the rows of finished sentences).
 
-A state is a dict whose tensors have the rows on dimension 0 (lists and tuples of such tensors are
-fine); plain ints are shared by the whole batch. Models keep what belongs to the source sentence (the
-encoder's output, cross-attention keys and values, the source mask) once per sentence, and what
-belongs to a hypothesis once per row; the rows come in blocks of ``group`` rows of one sentence (the
-beams of a beam search). ``regroup`` turns a row index into that layout, so a beam reordering its
-hypotheses moves only the per-row tensors, and the per-sentence ones move only when sentences leave.
+States are values. A step or a select returns a new state and never changes what the old one
+decodes: stepping or selecting from one state twice gives two independent continuations. A model may
+still write preallocated buffers in place (the Transformer's key/value cache does) as long as every
+state it handed out keeps that promise. The one exception is asked for explicitly:
+``select(..., inplace=True)`` says the caller is done with ``state`` *and with every state it was
+stepped from*; the model may then reuse their storage (the searches pass it; a model may ignore it),
+and using any of those states again raises RuntimeError.
+
+Layout. A state is a frozen dataclass, a ``DecoderState``: each field is marked as per sentence (the
+encoder's output, cross-attention keys and values, the source mask: one entry per source sentence) or
+per row (what belongs to one hypothesis). Rows come in blocks of ``beams`` rows of one sentence (the
+beams of a beam search; 1 for greedy), and a beam's rows attend to their sentence as extra query
+positions, so per-sentence tensors are never copied per beam. ``select_rows`` moves the per-row fields
+and, only when the sentences themselves change, the per-sentence ones.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import torch
 
@@ -35,26 +41,59 @@ class ModelOutput:
     """With ``need_attention``: name -> one weight tensor per layer, e.g. ``cross``: (B, H, T, S)."""
 
 
-def select(state: Any, index: torch.Tensor, inplace: bool = False) -> Any:
-    """``state`` with every batch-first tensor indexed by ``index`` (B',) along dimension 0 (always a
-    copy: ``inplace`` is accepted for the protocol and ignored)."""
-    if isinstance(state, torch.Tensor):
-        return state.index_select(0, index)
-    if isinstance(state, dict):
-        return {k: select(v, index) for k, v in state.items()}
-    if isinstance(state, (list, tuple)):
-        return type(state)(select(v, index) for v in state)
-    return state
+def per_sentence() -> Any:
+    """A ``DecoderState`` field with one entry per source sentence (dimension 0)."""
+    return dataclasses.field(metadata={"per": "sentence"})
 
 
-def regroup(index: torch.Tensor, group: int, n_sentences: int) -> tuple[torch.Tensor | None, int]:
-    """For new rows ``index`` (N',) of a state with blocks of ``group`` rows per sentence: which
-    sentences the new state keeps, in order (None = all of them, unchanged), and its new group size.
+def per_row() -> Any:
+    """A ``DecoderState`` field with one entry per decoded row (dimension 0)."""
+    return dataclasses.field(metadata={"per": "row"})
 
-    If the new rows do not come in equal blocks of one sentence each, every row becomes its own block
-    (group 1, per-sentence tensors repeated per row): always correct, just not the fast layout.
+
+@dataclass(frozen=True, kw_only=True)
+class DecoderState:
+    """Base of the architectures' decoding states; see the module docstring for the layout."""
+
+    beams: int = 1
+    """Rows per sentence: the rows come in blocks of ``beams`` rows of one sentence each."""
+
+
+State = TypeVar("State")
+
+
+class TranslationModel(Protocol[State]):
+    """An encoder-decoder as the trainer (``__call__``) and the searches (the other three) use it."""
+
+    def __call__(self, batch: Any, need_attention: bool = False) -> ModelOutput: ...
+
+    def encode(self, src: torch.Tensor, src_mask: torch.Tensor) -> State: ...
+
+    def step(self, tokens: torch.Tensor, state: State, need_attention: bool = False) -> tuple[torch.Tensor, State, torch.Tensor | None]: ...
+
+    def select(self, state: State, index: torch.Tensor, inplace: bool = False) -> State: ...
+
+
+def take_rows(value: Any, index: torch.Tensor) -> Any:
+    """``value`` with every tensor in it indexed by ``index`` (N',) along dimension 0: a tensor, or lists,
+    tuples and dicts of them; anything else is shared as it is. Always a copy."""
+    if isinstance(value, torch.Tensor):
+        return value.index_select(0, index)
+    if isinstance(value, dict):
+        return {k: take_rows(v, index) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(take_rows(v, index) for v in value)
+    return value
+
+
+def sentences_of(index: torch.Tensor, beams: int, n_sentences: int) -> tuple[torch.Tensor | None, int]:
+    """For new rows ``index`` (N',) of a state with blocks of ``beams`` rows per sentence: which sentences
+    the new state keeps, in order (None = all of them, unchanged), and its new rows per sentence.
+
+    If the new rows do not come in equal blocks of one sentence each, every row becomes a sentence of its
+    own (beams 1, per-sentence tensors repeated per row): always correct, just not the fast layout.
     """
-    sentence = torch.div(index, group, rounding_mode="floor")  # (N',) sentence of each new row
+    sentence = torch.div(index, beams, rounding_mode="floor")  # (N',) sentence of each new row
     n = sentence.numel()
     if n == 0:
         return sentence, 1
@@ -69,18 +108,26 @@ def regroup(index: torch.Tensor, group: int, n_sentences: int) -> tuple[torch.Te
     return sentence, 1
 
 
-def select_grouped(state: dict, index: torch.Tensor, row_keys: tuple[str, ...], sentence_keys: tuple[str, ...], n_sentences: int) -> dict:
-    """``select`` for a state laid out as ``regroup`` describes (``group`` in the state)."""
-    kept, group = regroup(index, state["group"], n_sentences)
-    new = {**state, "group": group}
-    for key in row_keys:
-        new[key] = select(state[key], index)
-    if kept is not None:
-        for key in sentence_keys:
-            new[key] = select(state[key], kept)
-    return new
+StateT = TypeVar("StateT", bound=DecoderState)
 
 
-def to_blocks(x: torch.Tensor, group: int) -> torch.Tensor:
-    """(B*G, ...) rows -> (B, G, ...): the rows of each sentence side by side."""
-    return x.view(x.size(0) // group, group, *x.shape[1:])
+def select_rows(state: StateT, index: torch.Tensor, n_sentences: int, **changes: Any) -> StateT:
+    """``state`` with the rows ``index`` (N',): every ``per_row`` field indexed by it, the ``per_sentence``
+    fields by the sentences those rows belong to (``sentences_of``); ``changes`` replace fields as they are
+    (a model passes the fields it moves itself)."""
+    kept, beams = sentences_of(index, state.beams, n_sentences)
+    new: dict[str, Any] = {"beams": beams}
+    for f in dataclasses.fields(state):
+        if f.name in changes:
+            continue
+        per = f.metadata.get("per")
+        if per == "row":
+            new[f.name] = take_rows(getattr(state, f.name), index)
+        elif per == "sentence" and kept is not None:
+            new[f.name] = take_rows(getattr(state, f.name), kept)
+    return dataclasses.replace(state, **new, **changes)
+
+
+def to_blocks(x: torch.Tensor, beams: int) -> torch.Tensor:
+    """(B*K, ...) rows -> (B, K, ...): the rows of each sentence side by side."""
+    return x.view(x.size(0) // beams, beams, *x.shape[1:])

@@ -8,16 +8,18 @@ only; the decoder's self-attention is causal; cross-attention reuses the source 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from ..attention import Kernel, MultiHeadAttention, sparse_attention
+from ..attention import MultiHeadAttention
 from ..config import TransformerConfig
-from ..linear import Linear
-from .protocol import ModelOutput, select_grouped
+from ..kernels import Kernel, sparse_attention
+from .protocol import DecoderState, ModelOutput, per_sentence, select_rows
 
 
 def sinusoid(positions: torch.Tensor, d_model: int) -> torch.Tensor:
@@ -57,16 +59,11 @@ class Positions(nn.Module):
 
 
 class FeedForward(nn.Sequential):
-    def __init__(self, d_model: int, d_ff: int, activation: str, dropout: float) -> None:
-        super().__init__(Linear(d_model, d_ff), nn.ReLU() if activation == "relu" else nn.GELU(), nn.Dropout(dropout), Linear(d_ff, d_model))
+    """The position-wise feed-forward sublayer (sec. 3.3): Linear, ReLU or GELU, dropout, Linear."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        first, activation, dropout, second = self
-        if isinstance(activation, nn.ReLU):
-            h = first(x, relu=True)  # fused into the product when inference packs it
-        else:
-            h = activation(first(x))
-        return second(dropout(h))
+    def __init__(self, d_model: int, d_ff: int, activation: str, dropout: float) -> None:
+        super().__init__(nn.Linear(d_model, d_ff), nn.ReLU() if activation == "relu" else nn.GELU(), nn.Dropout(dropout),
+                         nn.Linear(d_ff, d_model))
 
 
 class Sublayer(nn.Module):
@@ -115,20 +112,20 @@ class DecoderLayer(nn.Module):
         self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.dropout)
         self.sub_self, self.sub_cross, self.sub_ffn = (Sublayer(cfg.d_model, cfg.dropout, pre) for _ in range(3))
 
-    def _cross_attention(self, h, cross_kv, src_mask, need_weights, group, kernel=None):
-        """h (N, t, D) with ``group`` rows per sentence of ``cross_kv`` (the beams): they attend to their
-        sentence as extra query positions, so the cross-attention keys and values are never copied per
-        beam. Returns (out (N, t, D), weights (N, H, t, S) or None)."""
+    def _cross_attention(self, h, cross_kv, src_mask, need_weights, beams, kernel=None):
+        """h (N, t, D) with ``beams`` rows per sentence of ``cross_kv``: they attend to their sentence as
+        extra query positions, so the cross-attention keys and values are never copied per beam.
+        Returns (out (N, t, D), weights (N, H, t, S) or None)."""
         N, t, _ = h.shape
-        q = self.cross_attn.project_q(h)  # (N, H, t, dh) with N = B * group
-        if group == 1:
+        q = self.cross_attn.project_q(h)  # (N, H, t, dh) with N = B * K
+        if beams == 1:
             return self.cross_attn.attend(q, cross_kv[0], cross_kv[1], src_mask, need_weights=need_weights, kernel=kernel)
-        B, H = N // group, q.size(1)
-        q = q.view(B, group, H, t, -1).transpose(1, 2).reshape(B, H, group * t, -1)  # (B, H, group*t, dh)
+        B, H = N // beams, q.size(1)
+        q = q.view(B, beams, H, t, -1).transpose(1, 2).reshape(B, H, beams * t, -1)  # (B, H, K*t, dh)
         out, weights = self.cross_attn.attend(q, cross_kv[0], cross_kv[1], src_mask, need_weights=need_weights, kernel=kernel)
-        out = out.reshape(N, t, -1)  # (B, group*t, D) -> (N, t, D)
+        out = out.reshape(N, t, -1)  # (B, K*t, D) -> (N, t, D)
         if weights is not None:
-            weights = weights.view(B, H, group, t, -1).transpose(1, 2).reshape(N, H, t, -1)  # (N, H, t, S)
+            weights = weights.view(B, H, beams, t, -1).transpose(1, 2).reshape(N, H, t, -1)  # (N, H, t, S)
         return out, weights
 
     def forward(
@@ -157,7 +154,7 @@ class DecoderLayer(nn.Module):
         cross_kv: tuple[torch.Tensor, torch.Tensor],
         src_mask: torch.Tensor,
         need_weights: bool,
-        group: int,
+        beams: int,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One decoding step: writes this position's keys and values into ``cache`` at ``pos`` (the
         caller owns the buffers, see ``TransformerModel.step``) and attends over positions 0 .. pos, all
@@ -172,7 +169,7 @@ class DecoderLayer(nn.Module):
 
         x, _ = self.sub_self(x, self_attention)
         x, cross_weights = self.sub_cross(
-            x, lambda h: self._cross_attention(h, cross_kv, src_mask, need_weights, group, self.cross_attn.step_kernel)
+            x, lambda h: self._cross_attention(h, cross_kv, src_mask, need_weights, beams, self.cross_attn.step_kernel)
         )
         x, _ = self.sub_ffn(x, lambda h: (self.ffn(h), None))
         return x, cross_weights
@@ -198,7 +195,7 @@ class TransformerModel(nn.Module):
         pre = cfg.norm == "pre"
         self.enc_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
         self.dec_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
-        self.output = Linear(cfg.d_model, tgt_vocab_size, bias=False)
+        self.output = nn.Linear(cfg.d_model, tgt_vocab_size, bias=False)
         if cfg.tie_output:
             self.output.weight = self.tgt_embed.weight
 
@@ -234,9 +231,9 @@ class TransformerModel(nn.Module):
     # The self-attention cache is one key and one value buffer per layer, (N, H, capacity, dh), of
     # which positions 0 .. pos - 1 are filled: a step writes one position in place instead of
     # concatenating (which copies the whole cache every step), and ``select`` gathers only the filled
-    # part. States stay values: the buffers carry a ``_Filled`` record of how far they were written, and
-    # a step from a state that is no longer the newest on its buffers (its slot was written by another
-    # step from the same state) copies them first.
+    # part. States stay values: the buffers carry a ``CacheFill`` record of how far they were written,
+    # and a step from a state that is no longer the newest on its buffers (its slot was written by
+    # another step from the same state) copies them first.
 
     cache_capacity = 16  # positions allocated at first; the buffers double when full
 
@@ -259,47 +256,42 @@ class TransformerModel(nn.Module):
                     torch.index_select(a[:, :, :pos], 0, index, out=b[:, :, :pos])
         return fresh
 
-    def encode(self, src: torch.Tensor, src_mask: torch.Tensor) -> dict:
+    def encode(self, src: torch.Tensor, src_mask: torch.Tensor) -> TransformerState:
         memory, _ = self._encode(src, src_mask, False)
-        return {
-            "src_mask": src_mask,  # per sentence
-            # Contiguous: every step multiplies by them, and a (B, H, S, dh) view of (B, S, H, dh) would be
-            # copied by each of those products.
-            "cross_kv": [(k.contiguous(), v.contiguous()) for k, v in self._cross_kv(memory)],  # per sentence
-            "self_kv": self._new_cache(src.size(0), self.cache_capacity, memory),  # per row
-            "filled": _Filled(0),
-            "pos": 0,
-            "group": 1,  # rows per sentence
-        }
+        # Contiguous: every step multiplies by them, and a (B, H, S, dh) view of (B, S, H, dh) would be
+        # copied by each of those products.
+        cross_kv = [(k.contiguous(), v.contiguous()) for k, v in self._cross_kv(memory)]
+        cache = self._new_cache(src.size(0), self.cache_capacity, memory)
+        return TransformerState(src_mask=src_mask, cross_kv=cross_kv, self_kv=cache, filled=CacheFill(0), pos=0)
 
-    def step(self, tokens: torch.Tensor, state: dict, need_attention: bool = False):
+    def step(self, tokens: torch.Tensor, state: TransformerState, need_attention: bool = False):
         """tokens (N,) -> (logits (N, V), new state, head-averaged last-layer cross-attention (N, S) or None)."""
-        pos, cache, filled = state["pos"], state["self_kv"], _alive(state)
+        pos, cache, filled = state.pos, state.self_kv, state.filled.check()
         capacity = cache[0][0].size(2)
         # Fresh buffers when another step wrote past this state, when there is no room left, or when
         # autograd is recording (it must not see a buffer that an earlier step's attention read be written).
         if filled.n != pos or pos == capacity or torch.is_grad_enabled():
-            cache, filled = self._copy_cache(cache, pos, capacity * 2 if pos == capacity else capacity), _Filled(pos)
+            cache, filled = self._copy_cache(cache, pos, capacity * 2 if pos == capacity else capacity), CacheFill(pos)
         x = self._embed(self.tgt_embed, tokens[:, None], pos)  # (N, 1, D)
         cross = None
-        for layer, layer_cache, cross_kv in zip(self.decoder, cache, state["cross_kv"]):
-            x, cross = layer.step(x, layer_cache, pos, cross_kv, state["src_mask"], need_attention, state["group"])
+        for layer, layer_cache, cross_kv in zip(self.decoder, cache, state.cross_kv):
+            x, cross = layer.step(x, layer_cache, pos, cross_kv, state.src_mask, need_attention, state.beams)
         filled.n = pos + 1
         logits = self.output(self.dec_norm(x[:, 0]))  # (N, V)
-        new_state = {**state, "self_kv": cache, "filled": filled, "pos": pos + 1}
+        new_state = dataclasses.replace(state, self_kv=cache, filled=filled, pos=pos + 1)
         return logits, new_state, (cross[:, :, 0].mean(1) if need_attention else None)
 
-    def select(self, state: dict, index: torch.Tensor, inplace: bool = False) -> dict:
+    def select(self, state: TransformerState, index: torch.Tensor, inplace: bool = False) -> TransformerState:
         """Keep or repeat rows (N',); the per-sentence part moves only when the sentences change, and only
         the filled positions of the cache are gathered.
 
         ``inplace``: the caller is done with ``state`` and with the states it was stepped from, so rows
         move within their shared buffers and only the rows whose parent is another row are copied (beams
-        often extend themselves: on a trained Multi30k model about a third of the rows stay put). Using
-        any of those states afterwards raises RuntimeError. With autograd recording, always a copy."""
-        filled = _alive(state)
-        new = select_grouped(state, index, (), ("src_mask", "cross_kv"), state["src_mask"].size(0))
-        pos, cache, N = state["pos"], state["self_kv"], index.numel()
+        often extend themselves). Using any of those states afterwards raises RuntimeError. With autograd
+        recording, always a copy."""
+        filled = state.filled.check()
+        pos, cache, N = state.pos, state.self_kv, index.numel()
+        n_sentences = state.src_mask.size(0)
         if inplace and filled.n == pos and N <= cache[0][0].size(0) and not torch.is_grad_enabled():
             moved = (index != torch.arange(N, device=index.device)).nonzero()[:, 0]  # (m,) rows with a new parent
             if moved.numel():
@@ -309,23 +301,34 @@ class TransformerModel(nn.Module):
                     k[moved, :, :pos] = k[parents, :, :pos]
                     v[moved, :, :pos] = v[parents, :, :pos]
             filled.n = -1  # the old state is spent
-            return {**new, "self_kv": [(k[:N], v[:N]) for k, v in cache], "filled": _Filled(pos)}
-        return {**new, "self_kv": self._copy_cache(cache, pos, cache[0][0].size(2), index), "filled": _Filled(pos)}
+            return select_rows(state, index, n_sentences, self_kv=[(k[:N], v[:N]) for k, v in cache], filled=CacheFill(pos))
+        cache = self._copy_cache(cache, pos, cache[0][0].size(2), index)
+        return select_rows(state, index, n_sentences, self_kv=cache, filled=CacheFill(pos))
 
 
-def _alive(state: dict) -> _Filled:
-    filled = state["filled"]
-    if filled.n < 0:
-        raise RuntimeError(
-            "this decoding state, or one stepped from it, was given to select(..., inplace=True): it may not be used again"
-        )
-    return filled
-
-
-class _Filled:
-    """How many positions of a set of cache buffers have been written (shared by the states on them)."""
+class CacheFill:
+    """How many positions of a set of cache buffers have been written, shared by the states on them;
+    -1 once an in-place select has spent them."""
 
     __slots__ = ("n",)
 
     def __init__(self, n: int) -> None:
         self.n = n
+
+    def check(self) -> CacheFill:
+        if self.n < 0:
+            raise RuntimeError(
+                "this decoding state, or one stepped from it, was given to select(..., inplace=True): it may not be used again"
+            )
+        return self
+
+
+@dataclass(frozen=True, kw_only=True)
+class TransformerState(DecoderState):
+    """The Transformer's decoding state (``models/protocol.py``): N rows = sentences x beams."""
+
+    src_mask: torch.Tensor = per_sentence()  # (B, S)
+    cross_kv: list[tuple[torch.Tensor, torch.Tensor]] = per_sentence()  # per decoder layer, each (B, H, S, dh)
+    self_kv: list[tuple[torch.Tensor, torch.Tensor]]  # per decoder layer, each (N, H, capacity, dh); moved by the model
+    filled: CacheFill  # how far the self_kv buffers are written
+    pos: int  # the next target position

@@ -1,0 +1,224 @@
+"""Word alignments: Pharaoh files, alignment error rate, pieces merged into words, links from attention.
+
+Letters: T target (query) positions, S source (key) positions.
+
+Alignments follow the Pharaoh format: ``i-j`` links source word i to target word j (sure), ``i?j`` or
+``ipj`` is a possible link; indices count from 0 unless one-based. Quality is the alignment error rate
+of Och & Ney (2003, sec. 4): with sure links S, possible links P (P includes S) and predicted links A,
+precision = |A ∩ P| / |A|, recall = |A ∩ S| / |S|, AER = 1 - (|A ∩ S| + |A ∩ P|) / (|A| + |S|).
+
+Words: a model reads sentencepiece pieces, people read words. Word-level attention merges the pieces
+of a word: the attention a word receives (a key) is the sum over its pieces, a word's own attention (a
+query) the mean over its pieces, so every row still sums to what it did.
+
+Strings and numpy arrays only: no model code, no torch.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .data import clean, read_lines
+from .errors import DataError
+from .tokenizer import UNK_ID
+
+WORD_START = "\u2581"  # sentencepiece's mark of a piece that begins a word
+SENTENCE_MARKS = frozenset({"<s>", "</s>", "<pad>"})
+"""Labels of the positions a model adds around a sentence: each one a word of its own."""
+
+Link = tuple[int, int]  # (source word, target word)
+
+
+# ------------------------------------------------------------------------------------------- words
+
+
+def word_groups(pieces: Sequence[str]) -> list[list[int]]:
+    """Positions of the pieces of each word: a piece starting with "▁" starts a word, ``<s>``/``</s>`` are
+    words of their own, any other piece continues the word before it."""
+    groups: list[list[int]] = []
+    open_word = False
+    for k, piece in enumerate(pieces):
+        if piece in SENTENCE_MARKS:
+            groups.append([k])
+            open_word = False
+        elif piece.startswith(WORD_START) or not open_word:
+            groups.append([k])
+            open_word = True
+        else:
+            groups[-1].append(k)
+    return groups
+
+
+def word_labels(pieces: Sequence[str], groups: Sequence[Sequence[int]]) -> list[str]:
+    return ["".join(pieces[k] for k in g).replace(WORD_START, "") or WORD_START for g in groups]
+
+
+def merge_groups(weights: np.ndarray, row_groups: Sequence[Sequence[int]], col_groups: Sequence[Sequence[int]]) -> np.ndarray:
+    """(..., T, S) -> (..., rows, cols): the columns (keys) of a group summed, so a word receives the
+    attention its pieces receive; the rows (queries) of a group averaged, so every row still sums to
+    what it summed to before. Groups are consecutive positions covering the axis in order."""
+    weights = np.asarray(weights, dtype=np.float64)
+    col_starts = [g[0] for g in col_groups]
+    row_starts = [g[0] for g in row_groups]
+    summed = np.add.reduceat(weights, col_starts, axis=-1) if col_starts else weights[..., :0]
+    if not row_starts:
+        return summed[..., :0, :]
+    sizes = np.array([len(g) for g in row_groups], dtype=np.float64)
+    return np.add.reduceat(summed, row_starts, axis=-2) / sizes[:, None]
+
+
+def merge_words(weights: np.ndarray, row_pieces: Sequence[str], col_pieces: Sequence[str]) -> tuple[np.ndarray, list[str], list[str]]:
+    """Attention over pieces -> attention over words (``plot --words``): key pieces of a word summed,
+    query pieces averaged (``merge_groups``). Returns (weights, row words, column words)."""
+    rows, cols = word_groups(row_pieces), word_groups(col_pieces)
+    return merge_groups(weights, rows, cols), word_labels(row_pieces, rows), word_labels(col_pieces, cols)
+
+
+def words_to_pieces(encode: Callable[[list[str]], list[list[int]]], lines: Sequence[str]) -> tuple[list[list[int]], list[list[list[int]]]]:
+    """Pre-tokenised lines (words split on spaces) -> (piece ids of each line, the piece positions of each
+    word). Words are encoded one by one, so a word's pieces are exactly its own; a word that encodes to
+    nothing (say, a lone zero-width space) gets the unknown piece, so every word keeps its index."""
+    words = [clean(line).split() for line in lines]
+    flat = [w for line_words in words for w in line_words]
+    encoded = iter(encode(flat) if flat else [])
+    ids: list[list[int]] = []
+    groups: list[list[list[int]]] = []
+    for line_words in words:
+        line_ids: list[int] = []
+        line_groups: list[list[int]] = []
+        for _ in line_words:
+            pieces = next(encoded) or [UNK_ID]
+            line_groups.append(list(range(len(line_ids), len(line_ids) + len(pieces))))
+            line_ids.extend(pieces)
+        ids.append(line_ids)
+        groups.append(line_groups)
+    return ids, groups
+
+
+# ------------------------------------------------------------------------------------ extraction
+
+
+def layer_average(cross: Sequence[np.ndarray], layer: int | None) -> np.ndarray:
+    """The cross-attention (T, S) to align with, from one (H, T, S) array per layer: one layer (0-based,
+    -1 for the last) averaged over its heads, or with ``layer`` None the average over every layer and head."""
+    stacked = np.stack(cross)  # (L, H, T, S)
+    return stacked[layer].mean(0) if layer is not None else stacked.mean((0, 1))
+
+
+def extract_alignment(matrix: np.ndarray, method: str = "argmax", threshold: float = 0.5) -> list[Link]:
+    """Links from a word-level attention matrix (T, S): ``argmax`` links each target word to the source
+    word it attends to most; ``threshold`` links every pair whose weight is at least ``threshold``.
+    Returns (source, target) pairs sorted by source, then target."""
+    matrix = np.asarray(matrix)
+    if matrix.ndim != 2:
+        raise ValueError(f"an alignment needs a (T, S) matrix, got shape {matrix.shape}")
+    T, S = matrix.shape
+    if T == 0 or S == 0:
+        return []
+    if method == "argmax":
+        links = [(int(i), j) for j, i in enumerate(matrix.argmax(axis=1))]
+    elif method == "threshold":
+        links = [(int(i), int(j)) for j, i in zip(*np.nonzero(matrix >= threshold))]
+    else:
+        raise ValueError(f"unknown alignment method {method!r}; expected argmax or threshold")
+    return sorted(links)
+
+
+# ---------------------------------------------------------------------------------------- Pharaoh
+
+
+def format_pharaoh(links: Iterable[Link], one_based: bool = False) -> str:
+    shift = 1 if one_based else 0
+    return " ".join(f"{i + shift}-{j + shift}" for i, j in sorted(links))
+
+
+_LINK = re.compile(r"^(\d+)([-?p])(\d+)$")
+
+
+def parse_pharaoh(line: str, one_based: bool = False) -> tuple[set[Link], set[Link]]:
+    """(sure, possible) links of a Pharaoh line: ``i-j`` sure, ``i?j`` or ``ipj`` possible; the possible
+    set includes the sure links (Och & Ney: S ⊆ P). Raises ValueError on a malformed link."""
+    sure: set[Link] = set()
+    possible: set[Link] = set()
+    shift = 1 if one_based else 0
+    for token in line.split():
+        match = _LINK.match(token)
+        if not match:
+            raise ValueError(f"malformed alignment link {token!r} (expected i-j, i?j or ipj)")
+        i, j = int(match.group(1)) - shift, int(match.group(3)) - shift
+        if i < 0 or j < 0:
+            raise ValueError(f"alignment link {token!r} has index 0, but indices are one-based")
+        (sure if match.group(2) == "-" else possible).add((i, j))
+    return sure, possible | sure
+
+
+@dataclass(frozen=True)
+class Gold:
+    """Gold alignments of a corpus, one (sure, possible) pair of link sets per sentence pair."""
+
+    path: Path
+    sure: list[set[Link]]
+    possible: list[set[Link]]  # sure links included
+    one_based: bool = False
+
+    def check_fits(self, n_src_words: Sequence[int], n_tgt_words: Sequence[int]) -> None:
+        """Every link must point inside its pair (a DataError names the line and the first link outside)."""
+        for i, (possible, n_src, n_tgt) in enumerate(zip(self.possible, n_src_words, n_tgt_words)):
+            outside = sorted(link for link in possible if link[0] >= n_src or link[1] >= n_tgt)
+            if outside:
+                shown = format_pharaoh(outside[:1], self.one_based)
+                raise DataError(f"{self.path}:{i + 1}: link {shown} is outside the pair ({n_src} source words, {n_tgt} target words)")
+
+
+def read_gold(path: Path, lines: int, pairs_from: Path, one_based: bool = False) -> Gold:
+    """A Pharaoh file of gold links with one line per sentence pair (``lines``, those of ``pairs_from``)."""
+    gold_lines = list(read_lines(path))
+    if len(gold_lines) != lines:
+        raise DataError(f"{pairs_from} has {lines} lines, {path} has {len(gold_lines)}")
+    sure, possible = [], []
+    for number, line in enumerate(gold_lines, start=1):
+        try:
+            s, p = parse_pharaoh(line, one_based)
+        except ValueError as e:
+            raise DataError(f"{path}:{number}: {e}") from None
+        sure.append(s)
+        possible.append(p)
+    return Gold(Path(path), sure, possible, one_based)
+
+
+# ---------------------------------------------------------------------------------------- scoring
+
+
+@dataclass(frozen=True)
+class AlignmentScore:
+    aer: float
+    precision: float
+    recall: float
+    predicted: int  # |A|
+    sure: int  # |S|
+    possible: int  # |P|, sure links included
+    sentences: int
+
+    def as_dict(self) -> dict:
+        return {"aer": round(self.aer, 6), "precision": round(self.precision, 6), "recall": round(self.recall, 6),
+                "predicted": self.predicted, "sure": self.sure, "possible": self.possible, "sentences": self.sentences}
+
+
+def alignment_scores(predicted: Iterable[Iterable[Link]], sure: Iterable[set[Link]], possible: Iterable[set[Link]]) -> AlignmentScore:
+    """Corpus-level AER, precision and recall (Och & Ney 2003, sec. 4): counts summed over sentences.
+    An empty prediction has precision 1, an empty gold recall 1, and both empty AER 0."""
+    a_total = s_total = p_total = a_and_s = a_and_p = n = 0
+    for links, s, p in zip(predicted, sure, possible, strict=True):
+        a, p = set(links), set(p) | set(s)
+        a_total, s_total, p_total = a_total + len(a), s_total + len(s), p_total + len(p)
+        a_and_s, a_and_p = a_and_s + len(a & s), a_and_p + len(a & p)
+        n += 1
+    precision = a_and_p / a_total if a_total else 1.0
+    recall = a_and_s / s_total if s_total else 1.0
+    aer = 1.0 - (a_and_s + a_and_p) / (a_total + s_total) if a_total + s_total else 0.0
+    return AlignmentScore(aer, precision, recall, a_total, s_total, p_total, n)

@@ -1,0 +1,18 @@
+"""The ``attnmt`` command line: the only package that prints, uses rich or chooses exit codes.
+
+``app.py`` holds the Typer application and the ``command`` decorator with the error guard; one module per
+family of commands registers its commands on import:
+
+- ``training.py``: prepare, toy-data, train (``reporting.py`` shows them);
+- ``decoding.py``: translate, eval;
+- ``looking.py``: plot, align, plot-curves;
+- ``model_tools.py``: average, info.
+
+A command parses its options, makes one library call and prints. ``options.py`` holds the option types
+the commands share, ``common.py`` their input, output and model-loading helpers.
+"""
+
+from . import decoding, looking, model_tools, training  # noqa: F401  (each registers its commands)
+from .app import app
+
+__all__ = ["app"]

@@ -1,0 +1,60 @@
+"""What the commands share: input lines from a file or stdin, outputs that never overwrite an input, and a
+trained model opened for decoding."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from ..data import read_lines
+from ..config import Device
+from ..errors import ConfigError, DataError
+
+
+def input_lines(path: Path | None) -> Iterator[str]:
+    """Lines of a file (plain or gzipped) or of stdin (``-`` or None), read lazily, split on \\n only."""
+    if path is not None and str(path) != "-":
+        yield from read_lines(path)
+        return
+    if sys.stdin.isatty():
+        sys.stderr.write("attnmt: reading sentences from the terminal, one per line; Ctrl-D to end\n")
+    for number, raw in enumerate(sys.stdin.buffer, start=1):
+        try:
+            yield raw.decode("utf-8").rstrip("\n")
+        except UnicodeDecodeError as e:
+            raise DataError(f"<stdin>:{number}: invalid UTF-8 at byte offset {e.start}") from None
+
+
+def sentences_or_input(sentences: list[str] | None, input_: Path | None) -> Iterable[str]:
+    """The sentences given as arguments, else the lines of ``--input`` (a file, or stdin)."""
+    if sentences and input_ is not None:
+        raise ConfigError("give sentences as arguments or --input, not both")
+    return iter(sentences) if sentences else input_lines(input_)
+
+
+def refuse_overwrite(flag: str, output: Path | None, inputs: list[Path | None]) -> None:
+    """Writing to an input would truncate it before it is read (and lose it): refuse, before any work; a
+    folder in place of the output file is refused as early."""
+    if output is not None and output.is_dir():
+        raise ConfigError(f"{flag} {output} is a folder; give a file name")
+    if output is not None and any(p is not None and output.resolve() == Path(p).resolve() for p in inputs):
+        raise ConfigError(f"{flag} {output} is an input file; refusing to overwrite the input")
+
+
+def open_translator(model_path: Path, device: Device = Device.auto, beam_size: int | None = None, nbest: int = 1,
+                    length_penalty: float | None = None, max_tokens: int | None = None):
+    """Load MODEL for decoding: (Translator, config, checkpoint path). Decode settings are the model's
+    ``decode`` section with these overrides; the model gets the CPU fast path (``fastpath.py``) and the
+    process keeps freed memory for reuse (``runtime.py``), as every decoding command does."""
+    from .. import checkpoint, fastpath
+    from ..distributed import choose_device
+    from ..runtime import keep_freed_memory
+    from ..translator import Translator, with_overrides
+
+    dev = choose_device(device, "--device")
+    keep_freed_memory()  # decoding reuses the same large blocks every step
+    model, tokenizer, cfg, path = checkpoint.load_model(model_path, dev)
+    fastpath.apply(model)
+    decode = with_overrides(cfg.decode, tokenizer.tgt_vocab_size, beam_size, nbest, length_penalty, max_tokens)
+    return Translator(model, tokenizer, decode, dev), cfg, path

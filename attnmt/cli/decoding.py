@@ -1,0 +1,119 @@
+"""Commands that decode and score: ``translate`` and ``eval``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from .app import command
+from .common import open_translator, refuse_overwrite, sentences_or_input
+from .options import (
+    BeamOpt,
+    DeviceOpt,
+    InputOpt,
+    LengthPenaltyOpt,
+    MaxTokensOpt,
+    Metrics,
+    ModelArg,
+    NbestOpt,
+    SentencesArg,
+)
+
+CHUNK_LINES = 1000
+
+
+@command()
+def translate(
+    model: ModelArg,
+    sentences: SentencesArg = None,
+    input_: InputOpt = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write here (atomically) instead of stdout.")] = None,
+    beam_size: BeamOpt = None,
+    nbest: NbestOpt = 1,
+    max_tokens: MaxTokensOpt = None,
+    length_penalty: LengthPenaltyOpt = None,
+    device: DeviceOpt = "auto",
+) -> None:
+    """Translate sentences, a file or stdin; one output line per input line, in input order."""
+    from ..runfiles import atomic_write_text
+
+    lines = sentences_or_input(sentences, input_)
+    inputs = [input_] if input_ is not None and str(input_) != "-" else []
+    refuse_overwrite("--output", output, inputs + [model])
+    translator, _, checkpoint = open_translator(model, device, beam_size, nbest, length_penalty, max_tokens)
+    refuse_overwrite("--output", output, [checkpoint])
+    written: list[str] = []
+    truncated = index = 0
+    for results in translator.translate_stream(lines, CHUNK_LINES):
+        text = []
+        for result in results:
+            truncated += result.truncated
+            if nbest == 1:
+                text.append(result.outputs[0][0] + "\n")
+            else:
+                text.extend(f"{index}\t{score:.4f}\t{out}\n" for out, score in result.outputs)
+            index += 1
+        if output is None:
+            sys.stdout.write("".join(text))
+            sys.stdout.flush()  # per chunk, so that a pipe sees results as they come
+        else:
+            written.extend(text)
+    if output is not None:
+        atomic_write_text(output, "".join(written))
+    if truncated:
+        sys.stderr.write(f"warning: {truncated} line(s) longer than decode.max_src_len pieces were truncated\n")
+
+
+@command("eval")
+def eval_(
+    model: Annotated[Path | None, typer.Argument(help="A checkpoint or run folder; omit with --hyp.", show_default=False)] = None,
+    src: Annotated[Path | None, typer.Option("--src", help="Source file to translate and score.")] = None,
+    hyp: Annotated[Path | None, typer.Option("--hyp", help="Existing translations to score (instead of MODEL --src).")] = None,
+    ref: Annotated[list[Path] | None, typer.Option("--ref", help="Reference file (repeat for several references).")] = None,
+    metrics: Annotated[Metrics, typer.Option("--metrics", parser=Metrics.parse, metavar="LIST",
+                                             help="Comma-separated: bleu, chrf, ter.")] = "bleu,chrf,ter",
+    lowercase: Annotated[bool, typer.Option("--lowercase", "-lc", help="Case-insensitive scores.")] = False,
+    tokenize: Annotated[str | None, typer.Option("--tokenize", help="BLEU tokenizer (13a, zh, intl, char, none, ...); "
+                                                 "default from the target language.")] = None,
+    tgt_lang: Annotated[str | None, typer.Option("--tgt-lang", help="Target language code (picks BLEU's tokenizer, e.g. zh).")] = None,
+    json_: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    hyp_out: Annotated[Path | None, typer.Option("--hyp-out", help="Also write the translations here.")] = None,
+    beam_size: BeamOpt = None,
+    max_tokens: MaxTokensOpt = None,
+    length_penalty: LengthPenaltyOpt = None,
+    device: DeviceOpt = "auto",
+) -> None:
+    """Score translations with sacrebleu: translate --src with MODEL, or score --hyp; against --ref."""
+    from ..data import read_lines
+    from ..errors import ConfigError
+    from ..metrics import read_references, score_corpus
+    from ..runfiles import atomic_write_text
+
+    if not ref:
+        raise ConfigError("--ref is required")
+    if (hyp is None) == (model is None or src is None):
+        raise ConfigError("give either MODEL --src FILE, or --hyp FILE")
+    refuse_overwrite("--hyp-out", hyp_out, [src, hyp, model, *ref])
+    references = read_references(ref)
+    if hyp is not None:
+        hypotheses, name, lang = list(read_lines(hyp)), str(hyp), tgt_lang
+    else:
+        translator, cfg, _ = open_translator(model, device, beam_size, 1, length_penalty, max_tokens)
+        hypotheses, name, lang = translator.best(list(read_lines(src))), f"translations of {src}", tgt_lang or cfg.data.tgt_lang
+        if hyp_out is not None:
+            atomic_write_text(hyp_out, "".join(h + "\n" for h in hypotheses))
+    scores = score_corpus(hypotheses, name, references, metrics.names, tgt_lang=lang, tokenize=tokenize, lowercase=lowercase)
+    if json_:
+        typer.echo(json.dumps([s.as_dict() for s in scores.values()], ensure_ascii=False))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("metric", "score", "signature")
+    for s in scores.values():
+        table.add_row(s.label, f"{s.score:.2f}", s.signature)
+    Console().print(table)

@@ -1,0 +1,161 @@
+"""Commands that look inside a model: ``plot`` (heatmaps), ``align`` (word alignments), ``plot-curves``."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ..errors import ConfigError, DataError
+from .app import command
+from .common import open_translator, refuse_overwrite, sentences_or_input
+from .options import AlignMethod, BeamOpt, DeviceOpt, DpiOpt, FormatOpt, InputOpt, Layer, ModelArg
+
+
+def _check_number(option: str, value: int | None, count: int, what: str) -> int | None:
+    """A 1-based --layer/--head value checked against the model; returned 0-based."""
+    if value is None:
+        return None
+    if not 1 <= value <= count:
+        raise ConfigError(f"{option} {value}: the model has {count} {what} (1..{count})")
+    return value - 1
+
+
+@command()
+def plot(
+    model: ModelArg,
+    sentences: Annotated[list[str] | None, typer.Argument(help="Sentences to translate and draw (else --input).", show_default=False)] = None,
+    input_: InputOpt = None,
+    limit: Annotated[int | None, typer.Option("--limit", min=1, help="Draw only the first N sentences.")] = None,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder to write the figures into.", show_default=False)] = ...,
+    layer: Annotated[int | None, typer.Option("--layer", min=1, help="Only this layer (1-based; default: every layer).")] = None,
+    head: Annotated[int | None, typer.Option("--head", min=1, help="Only this head (1-based; default: every head and their average).")] = None,
+    self_: Annotated[bool, typer.Option("--self", help="Also draw encoder and decoder self-attention (Transformer).")] = False,
+    words: Annotated[bool, typer.Option("--words", help="Label words instead of pieces (source pieces summed, target pieces averaged).")] = False,
+    fmt: FormatOpt = "png",
+    dpi: DpiOpt = 100,
+    beam_size: BeamOpt = None,
+    device: DeviceOpt = "auto",
+) -> None:
+    """Translate sentences, then draw the model's attention on each sentence and its translation.
+
+    The translation is read back under teacher forcing, so every layer and head is there: an LSTM's one
+    attention map; a Transformer's cross-attention per layer as a grid of heads and their average (and with
+    --self its encoder and decoder self-attention). Files: NNNN_cross_layerL.png, NNNN_enc_self_layerL.png, ...
+    """
+    from ..attention_maps import HeatmapOptions, draw_attention
+    from ..models import attention_layout
+    from ..plot import KIND_TITLES
+
+    lines = sentences_or_input(sentences, input_)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file; give a folder")
+    translator, cfg, _ = open_translator(model, device, beam_size)
+    n_layers, n_heads = attention_layout(cfg.model)
+    if self_ and "enc_self" not in n_layers:
+        raise ConfigError(f"--self: a {cfg.model.arch} model has no self-attention to draw")
+    kinds = ("cross", "enc_self", "dec_self") if self_ else ("cross",)
+    layers = {kind: _check_number("--layer", layer, n_layers[kind], f"{KIND_TITLES[kind]} layers") for kind in kinds}
+    options = HeatmapOptions(kinds, layers, _check_number("--head", head, n_heads, "attention heads"), words, fmt.value, dpi)
+    started = time.perf_counter()
+    drawn = draw_attention(translator, itertools.islice(lines, limit), out, options)
+    if drawn.sentences == 0:
+        raise DataError("no sentences to draw")
+    seconds = time.perf_counter() - started
+    typer.echo(f"wrote {drawn.figures} figures of {drawn.sentences} sentence(s) to {out} in {seconds:.1f} s")
+    if drawn.truncated:
+        sys.stderr.write(f"warning: {drawn.truncated} line(s) longer than decode.max_src_len pieces were truncated\n")
+
+
+@command()
+def align(
+    model: ModelArg,
+    src: Annotated[Path, typer.Option("--src", help="Source sentences, one per line (words split on spaces).", show_default=False)],
+    tgt: Annotated[Path | None, typer.Option("--tgt", help="Target sentences to align with (default: the model's own translations).")] = None,
+    gold: Annotated[Path | None, typer.Option("--gold", help="Gold alignments (Pharaoh: i-j sure, i?j or ipj possible) to score against.")] = None,
+    layer: Annotated[Layer, typer.Option("--layer", parser=Layer.parse, metavar="LAYER",
+                                         help="Cross-attention layer to align with: 1, 2, ..., last, or avg (over layers and heads).")] = "last",
+    method: Annotated[AlignMethod, typer.Option("--method", help="argmax: each target word's most attended source word; "
+                                                "threshold: every weight >= --threshold.")] = "argmax",
+    threshold: Annotated[float, typer.Option("--threshold", help="Weight a link needs with --method threshold (0 < X <= 1).")] = 0.3,
+    one_based: Annotated[bool, typer.Option("--one-based", help="Word indices in --gold and in the output count from 1.")] = False,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the alignments here (atomically).")] = None,
+    hyp_out: Annotated[Path | None, typer.Option("--hyp-out", help="Without --tgt: also write the translations that were aligned.")] = None,
+    json_: Annotated[bool, typer.Option("--json", help="With --gold: print the scores as JSON.")] = False,
+    beam_size: BeamOpt = None,
+    device: DeviceOpt = "auto",
+) -> None:
+    """Word alignments from cross-attention under teacher forcing, in Pharaoh format (one line per pair).
+
+    Words are the space-separated tokens of each line; the attention over a word's pieces is merged
+    (source pieces summed, target pieces averaged). With --gold, print AER, precision and recall
+    (Och & Ney 2003); the alignments are then written only with --output.
+    """
+    from ..alignment import alignment_scores, format_pharaoh, read_gold
+    from ..attention_maps import align_corpus
+    from ..data import read_lines
+    from ..models import attention_layout
+    from ..runfiles import atomic_write_text
+
+    if not 0 < threshold <= 1:
+        raise ConfigError(f"--threshold {threshold}: expected a weight in (0, 1]")
+    if gold is not None and tgt is None:
+        raise ConfigError("--gold needs --tgt: gold links refer to the target sentences they were made for")
+    if hyp_out is not None and tgt is not None:
+        raise ConfigError("--hyp-out writes the model's own translations; it cannot be used with --tgt")
+    for flag, path in (("--output", output), ("--hyp-out", hyp_out)):
+        refuse_overwrite(flag, path, [src, tgt, gold, model])
+    sources = list(read_lines(src))
+    targets = list(read_lines(tgt)) if tgt is not None else None
+    if targets is not None and len(targets) != len(sources):
+        raise DataError(f"{src} has {len(sources)} lines, {tgt} has {len(targets)}")
+    gold_links = read_gold(gold, len(sources), src, one_based) if gold is not None else None
+    translator, cfg, _ = open_translator(model, device, beam_size)
+    n_layers = attention_layout(cfg.model)[0]["cross"]
+    if layer.index is not None and layer.index >= n_layers:
+        raise ConfigError(f"--layer {layer.text}: the model has {n_layers} cross-attention layer(s) (1..{n_layers}, or avg)")
+    aligned = align_corpus(translator, sources, targets, layer.index, method.value, threshold, gold_links)
+    if hyp_out is not None:
+        atomic_write_text(hyp_out, "".join(t + "\n" for t in aligned.targets))
+    text = "".join(format_pharaoh(links, one_based) + "\n" for links in aligned.links)
+    if output is not None:
+        atomic_write_text(output, text)
+    elif gold is None:
+        sys.stdout.write(text)
+    if gold_links is None:
+        return
+    score = alignment_scores(aligned.links, gold_links.sure, gold_links.possible)
+    if json_:
+        typer.echo(json.dumps({**score.as_dict(), "layer": layer.text, "method": method.value}))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("AER", "precision", "recall", "links", "sure", "possible", "sentences",
+                  title=f"alignment of {src} with layer {layer.text}, {method.value}", title_justify="left")
+    table.add_row(f"{score.aer:.2%}", f"{score.precision:.2%}", f"{score.recall:.2%}", str(score.predicted), str(score.sure),
+                  str(score.possible), str(score.sentences))
+    Console().print(table)
+
+
+@command("plot-curves")
+def plot_curves(
+    run_dir: Annotated[Path, typer.Argument(help="A run folder (its metrics.jsonl, and plots/ for --gif).", show_default=False)],
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="The PNG to write (default: RUN_DIR/curves.png).")] = None,
+    gif: Annotated[bool, typer.Option("--gif", help="Also animate the heatmaps written during training (train.plot_every) as GIFs.")] = False,
+) -> None:
+    """Training curves (train loss, dev loss, dev BLEU and chrF against the step) as one PNG."""
+    from ..plot import animate_run, run_curves
+
+    target = out if out is not None else run_dir / "curves.png"
+    if target.is_dir():
+        raise ConfigError(f"--out {target} is a folder; give a file name")
+    typer.echo(f"wrote {run_curves(run_dir, target)}")
+    if gif:
+        for animation, frames in animate_run(run_dir):
+            typer.echo(f"wrote {animation} ({frames} frames)")

@@ -1,0 +1,65 @@
+"""Commands on trained models and configs: ``average`` and ``info``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ..errors import ConfigError
+from .app import command
+from .options import SetOpt
+
+
+@command()
+def average(
+    checkpoints: Annotated[list[Path], typer.Argument(help="Two or more checkpoint files of one model config.", show_default=False)],
+    out: Annotated[Path, typer.Option("--out", "-o", help="The averaged checkpoint to write (atomically).", show_default=False)],
+) -> None:
+    """Average the parameters of several checkpoints into one that translate and eval accept."""
+    from ..checkpoint import average_checkpoints, save_payload
+
+    if len(checkpoints) < 2:
+        raise ConfigError(f"average needs at least two checkpoints, got {len(checkpoints)}")
+    resolved = [c.resolve() for c in checkpoints]
+    if len(set(resolved)) < len(resolved):
+        raise ConfigError("a checkpoint is given twice; each one counts once in the average")
+    if out.resolve() in resolved:
+        raise ConfigError(f"--out {out} is one of the checkpoints; refusing to overwrite an input")
+    if out.is_dir():
+        raise ConfigError(f"--out {out} is a folder; give a file name")
+    save_payload(average_checkpoints(checkpoints), out)
+    typer.echo(f"averaged {len(checkpoints)} checkpoints into {out}")
+
+
+@command()
+def info(
+    target: Annotated[Path, typer.Argument(help="A config file, a checkpoint, or a run folder (its config.yaml and tokenizer).",
+                                           show_default=False)],
+    set_: SetOpt = None,
+) -> None:
+    """Print a model's architecture and parameter counts per part."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from ..checkpoint import model_spec
+    from ..models import build_model, parameter_counts
+
+    spec = model_spec(target, set_)
+    try:
+        model = build_model(spec.cfg.model, spec.src_vocab_size, spec.tgt_vocab_size)
+    except ValueError as e:
+        raise ConfigError(f"model: {e}") from None
+    console = Console()
+    settings = ", ".join(f"{k}={v}" for k, v in spec.cfg.model.model_dump().items() if k != "arch")
+    console.print(f"[bold]{spec.cfg.model.arch}[/bold] ({settings}); vocabulary {spec.src_vocab_size} / {spec.tgt_vocab_size} "
+                  f"from {spec.origin}")
+    table = Table("part", "parameters", "share")
+    counts = {k: v for k, v in parameter_counts(model).items() if v}
+    total = sum(counts.values())
+    for part, n in counts.items():
+        table.add_row(part, f"{n:,}", f"{n / total:.1%}")
+    table.add_row("[bold]total[/bold]", f"[bold]{total:,}[/bold]", "100.0%")
+    console.print(table)
+    console.print(str(model), markup=False, highlight=False)

@@ -1,0 +1,91 @@
+"""The option types the commands share, and the choices Typer checks for them (Enums).
+
+An option shares its spelling with the YAML key it overrides: ``--beam-size`` is ``decode.beam_size``,
+``--max-tokens`` is ``decode.max_tokens``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ..config import Device
+from ..metrics import METRICS
+
+__all__ = ["AlignMethod", "Device", "FigureFormat", "Layer", "Metrics"]
+
+
+class AlignMethod(str, Enum):
+    """How ``align`` links words: each target word's most attended source word, or every weight >= X."""
+
+    argmax = "argmax"
+    threshold = "threshold"
+
+
+class FigureFormat(str, Enum):
+    png = "png"
+    svg = "svg"
+    pdf = "pdf"
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """``eval --metrics bleu,chrf``: metric names, checked against ``metrics.METRICS``."""
+
+    names: tuple[str, ...]
+
+    @classmethod
+    def parse(cls, value: str | Metrics) -> Metrics:
+        if isinstance(value, Metrics):
+            return value
+        names = tuple(m.strip().lower() for m in value.split(",") if m.strip())
+        unknown = [m for m in names if m not in METRICS]
+        if unknown or not names:
+            raise typer.BadParameter(f"{', '.join(unknown) or '(none)'} not among {', '.join(METRICS)}")
+        return cls(names)
+
+
+@dataclass(frozen=True)
+class Layer:
+    """``align --layer``: a 1-based layer number, last, or avg (every layer and head averaged)."""
+
+    text: str
+    index: int | None  # 0-based; -1 for the last; None for the average
+
+    @classmethod
+    def parse(cls, value: str | Layer) -> Layer:
+        if isinstance(value, Layer):
+            return value
+        choice = value.strip().lower()
+        if choice in ("avg", "average", "mean"):
+            return cls(value, None)
+        if choice == "last":
+            return cls(value, -1)
+        try:
+            number = int(choice)
+        except ValueError:
+            raise typer.BadParameter(f"{value!r}: expected a layer number (1, 2, ...), last or avg") from None
+        if number < 1:
+            raise typer.BadParameter(f"{value}: layers count from 1")
+        return cls(value, number - 1)
+
+
+ConfigArg = Annotated[Path, typer.Argument(help="The YAML config file.", show_default=False)]
+RunDirOpt = Annotated[Path | None, typer.Option("--run-dir", help="The run folder (default: train.run_dir of the config).")]
+SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a config key, e.g. --set train.lr=3e-4 (repeatable).")]
+
+ModelArg = Annotated[Path, typer.Argument(help="A checkpoint file, or a run folder (its best checkpoint, else its latest).",
+                                          show_default=False)]
+SentencesArg = Annotated[list[str] | None, typer.Argument(help="Sentences (else --input).", show_default=False)]
+InputOpt = Annotated[Path | None, typer.Option("--input", "-i", help="A file of sentences, or - for stdin (read lazily).")]
+BeamOpt = Annotated[int | None, typer.Option("--beam-size", min=1, help="Beam size; 1 = greedy (default: the model's decode.beam_size).")]
+NbestOpt = Annotated[int, typer.Option("--nbest", min=1, help="Write this many hypotheses per line (TSV: index, score, text).")]
+MaxTokensOpt = Annotated[int | None, typer.Option("--max-tokens", min=1, help="Batch budget: padded source pieces x beam.")]
+DeviceOpt = Annotated[Device, typer.Option("--device", help="Where to compute; auto takes CUDA when there is one.")]
+LengthPenaltyOpt = Annotated[float | None, typer.Option("--length-penalty", min=0.0, help="GNMT alpha (default: decode.length_penalty).")]
+FormatOpt = Annotated[FigureFormat, typer.Option("--format", help="Figure format.")]
+DpiOpt = Annotated[int, typer.Option("--dpi", min=10, max=1200, help="Resolution of png figures (dots per inch).")]

@@ -1,0 +1,92 @@
+"""How the command line shows a prepared corpus and a training run (rich tables, a progress bar)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from ..runlog import Event, Finished, Message, NonfiniteRecord, Started, TrainRecord, ValidRecord
+
+
+def print_corpus_statistics(report) -> None:
+    """The table ``attnmt prepare`` prints: pairs read, kept and dropped, pieces, lengths, unknown rates."""
+    table = Table(title=f"corpus statistics ({report.run_dir})", title_justify="left")
+    table.add_column("")
+    for s in report.splits:
+        table.add_column(s.name, justify="right")
+    reasons = list(dict.fromkeys(why for s in report.splits for why in s.dropped))
+    rows = [("pairs read", [f"{s.read:,}" for s in report.splits]), ("pairs kept", [f"{s.kept:,}" for s in report.splits])]
+    rows += [(f"dropped: {why}", [f"{s.dropped.get(why, 0):,}" for s in report.splits]) for why in reasons]
+    for side in ("src", "tgt"):
+        rows.append((f"{side} pieces", [f"{getattr(s, side + '_tokens'):,}" for s in report.splits]))
+        rows.append((f"{side} length p50/p90/p99/max",
+                     ["/".join(map(str, getattr(s, side + "_percentiles").values())) for s in report.splits]))
+        rows.append((f"{side} unknown-piece rate", [f"{getattr(s, side + '_unk_rate'):.3%}" for s in report.splits]))
+    for label, values in rows:
+        table.add_row(label, *values)
+    console = Console()
+    console.print(table)
+    kind = "joint" if report.joint else "separate"
+    sizes = f"{report.src_vocab_size}" if report.joint else f"{report.src_vocab_size} / {report.tgt_vocab_size}"
+    console.print(f"tokenizer: {kind}, {sizes} pieces ({'trained' if report.tokenizer_trained else 'loaded'})")
+
+
+class TrainReporter:
+    """Shows training events: a rich progress bar on a terminal, plain lines otherwise."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.console = Console(stderr=False)
+        self.live = enabled and self.console.is_terminal
+        self.progress = None
+        self.task = None
+
+    def __enter__(self) -> TrainReporter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+    def __call__(self, event: Event) -> None:
+        if not self.enabled:
+            return
+        if isinstance(event, Started):
+            self._start(event)
+        elif isinstance(event, TrainRecord):
+            status = f"epoch {event.epoch:.2f}  loss {event.loss:.3f}  lr {event.lr:.2e}  {event.tokens_per_s:,.0f} tok/s"
+            if self.progress is not None:
+                self.progress.update(self.task, completed=event.step, status=status)
+            else:
+                self.console.print(f"step {event.step}  {status}", highlight=False)
+        elif isinstance(event, ValidRecord):
+            table = Table(title=f"validation at step {event.step}", title_justify="left")
+            for column in ("loss", "ppl", "BLEU", "chrF"):
+                table.add_column(column, justify="right")
+            table.add_row(f"{event.loss:.3f}", f"{event.ppl:.2f}", f"{event.bleu:.2f}", f"{event.chrf:.2f}")
+            self.console.print(table)
+            self.console.print(f"  {event.bleu_signature}", highlight=False, markup=False)
+            self.console.print(f"  e.g. {event.example}", highlight=False, markup=False)
+        elif isinstance(event, NonfiniteRecord):
+            self.console.print(f"[yellow]step {event.step}: non-finite loss or gradient, step skipped ({event.skips} so far)[/yellow]")
+        elif isinstance(event, Message):
+            self.console.print(event.text, highlight=False, markup=False)
+        elif isinstance(event, Finished):
+            if self.progress is not None:
+                self.progress.update(self.task, completed=event.step)
+            best = f"; best {event.best_score:.2f} at step {event.best_step}" if event.best_score is not None else ""
+            reason = event.reason.value if event.reason is not None else "nothing to do"
+            self.console.print(f"finished at step {event.step} ({reason}){best}")
+
+    def _start(self, event: Started) -> None:
+        self.console.print(
+            f"training on {event.device} x {event.world_size}: {event.parameters:,} parameters, "
+            f"{event.steps_per_epoch:,} steps per epoch, {event.total:,} steps planned"
+        )
+        if self.live:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self.progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                                     TextColumn("{task.fields[status]}"), console=self.console)
+            self.task = self.progress.add_task("train", total=event.total, completed=event.step, status="")
+            self.progress.start()

@@ -1,0 +1,93 @@
+"""Commands for data and training: ``prepare``, ``toy-data``, ``train``; and the reporter that shows a run."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from .app import command
+from .options import ConfigArg, RunDirOpt, SetOpt
+
+
+def _load(config: Path, overrides: list[str] | None):
+    from .. import config as config_module
+
+    return config_module.load_config(config, overrides or [])
+
+
+def _run_dir(cfg, run_dir: Path | None):
+    """The run folder: --run-dir (which the config then names), else train.run_dir."""
+    from ..runfiles import RunDir
+
+    run = RunDir(Path(run_dir) if run_dir is not None else cfg.train.run_dir)
+    if run_dir is not None:
+        cfg.train.run_dir = run.root.resolve()
+    return run
+
+
+@command()
+def prepare(config: ConfigArg, run_dir: RunDirOpt = None, set_: SetOpt = None) -> None:
+    """Clean the data, train or load the tokenizer, encode the corpora and print corpus statistics."""
+    cfg = _load(config, set_)
+    import datasets
+
+    from ..prepare import prepare as run_prepare
+    from ..runfiles import RunLock
+
+    datasets.disable_progress_bars()
+    run = _run_dir(cfg, run_dir)
+    with RunLock(run):
+        report = run_prepare(cfg, run)
+    from .reporting import print_corpus_statistics
+
+    print_corpus_statistics(report)
+
+
+@command("toy-data")
+def toy_data(
+    out_dir: Annotated[Path, typer.Argument(help="Folder to write train/dev/test .en, .de and .align files into.")],
+    train_size: Annotated[int, typer.Option(min=1)] = 10000,
+    dev_size: Annotated[int, typer.Option(min=1)] = 500,
+    test_size: Annotated[int, typer.Option(min=1)] = 500,
+    seed: int = 1,
+) -> None:
+    """Write the embedded toy task (English -> German dates) with its gold word alignments."""
+    from ..data import write_toy
+
+    files = write_toy(out_dir, {"train": train_size, "dev": dev_size, "test": test_size}, seed)
+    typer.echo(f"wrote {len(files)} files to {out_dir}")
+
+
+@command()
+def train(
+    ctx: typer.Context,
+    config: ConfigArg,
+    run_dir: RunDirOpt = None,
+    set_: SetOpt = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Require a checkpoint to resume from (a run folder with one resumes anyway).")] = False,
+) -> None:
+    """Train a model from a config; a run folder that has a checkpoint resumes where it stopped."""
+    cfg = _load(config, set_)
+    import datasets
+
+    from ..distributed import environment_rank
+    from ..faults import NO_FAULTS, Faults
+    from ..runfiles import RunLock
+    from ..train import Interrupted, fit
+    from .reporting import TrainReporter
+
+    datasets.disable_progress_bars()
+    run = _run_dir(cfg, run_dir)
+    cfg.train.run_dir = run.root.resolve()
+    main_rank = environment_rank() == 0
+    faults = ctx.find_object(Faults) or NO_FAULTS  # only tests pass one (tests/fault_run.py)
+    try:
+        with RunLock(run) if main_rank else contextlib.nullcontext(), TrainReporter(enabled=main_rank) as reporter:
+            fit(cfg, run, reporter, resume=resume, faults=faults)
+    except Interrupted as e:
+        sys.stderr.write(f"attnmt: {e}\n")
+        raise typer.Exit(e.exit_code) from None

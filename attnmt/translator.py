@@ -1,0 +1,135 @@
+"""Text in, text out: ``Translator`` cleans, encodes, batches and searches, with the settings of a
+``decode`` config section.
+
+Letters: K beam size.
+
+Every command that decodes (``translate``, ``eval``, ``plot``, ``align``) and validation during training
+goes through one ``Translator``: one path from a line of text to source pieces (``encode``: clean,
+encode, cut to ``max_src_len``), one token budget for batches (``batching.token_batches``: padded
+source pieces x K rows), one choice between greedy and beam search.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from .batching import collate, token_batches
+from .config import DecodeConfig
+from .data import clean
+from .decode import Hypothesis, beam_search, check_search_settings, gnmt_penalty, greedy_search
+from .errors import ConfigError
+from .models.protocol import TranslationModel
+from .tokenizer import Tokenizer
+
+
+@dataclass
+class Translation:
+    """The n-best outputs of one input line: (detokenised text, score), best first. The score is the one
+    the beam ranks by: the sum of log-probabilities over ``gnmt_penalty`` (so it falls down the list)."""
+
+    outputs: list[tuple[str, float]]
+    truncated: bool = False  # the source was longer than max_src_len pieces and was cut
+
+
+@dataclass
+class Sources:
+    """Input lines as the model reads them: the piece ids of each non-empty line (after ``data.clean``),
+    cut to ``decode.max_src_len`` pieces."""
+
+    ids: list[list[int]]
+    lines: list[int]  # the input line of each entry of ``ids``
+    truncated: set[int] = field(default_factory=set)  # input lines that were cut
+    count: int = 0  # input lines, empty ones included
+
+
+def with_overrides(decode: DecodeConfig, tgt_vocab_size: int, beam_size: int | None = None, nbest: int = 1,
+                   length_penalty: float | None = None, max_tokens: int | None = None) -> DecodeConfig:
+    """A copy of a model's ``decode`` section with the command line's settings (None: keep the model's).
+
+    The beam is at least ``nbest`` wide unless ``--beam-size`` says otherwise, and never wider than the
+    target vocabulary (ConfigError naming the option)."""
+    beam = beam_size if beam_size is not None else max(decode.beam_size, nbest)
+    if nbest > beam:
+        raise ConfigError(f"--nbest {nbest} must not exceed the beam size {beam}")
+    if beam > tgt_vocab_size:
+        raise ConfigError(f"--beam-size {beam} exceeds the target vocabulary ({tgt_vocab_size} pieces)")
+    update = {"beam_size": beam, "nbest": nbest}
+    if length_penalty is not None:
+        update["length_penalty"] = length_penalty
+    if max_tokens is not None:
+        update["max_tokens"] = max_tokens
+    return decode.model_copy(update=update)
+
+
+class Translator:
+    """A model, its tokenizer and its decode settings: ``translate`` lines, ``search`` encoded sources.
+
+    ``decode.beam_size`` 1 (and ``nbest`` 1) means greedy search. Batches hold at most
+    ``decode.max_tokens`` padded source pieces x beam rows, so memory stays bounded whatever the input.
+    An empty line translates to an empty line.
+    """
+
+    def __init__(self, model: TranslationModel, tokenizer: Tokenizer, decode: DecodeConfig, device: torch.device | str = "cpu") -> None:
+        check_search_settings(decode.beam_size, decode.nbest, decode.length_penalty, decode.min_len)
+        self.model, self.tokenizer, self.decode, self.device = model, tokenizer, decode, torch.device(device)
+
+    def encode(self, lines: Sequence[str]) -> Sources:
+        """Clean, encode and cut each line; empty lines (after cleaning) are left out and counted."""
+        texts = [clean(line) for line in lines]
+        todo = [i for i, text in enumerate(texts) if text]
+        encoded = self.tokenizer.encode_src([texts[i] for i in todo])
+        limit = self.decode.max_src_len
+        truncated = {i for i, ids in zip(todo, encoded) if len(ids) > limit}
+        return Sources([ids[:limit] for ids in encoded], todo, truncated, len(texts))
+
+    def search(self, src_ids: Sequence[Sequence[int]], need_attention: bool = False) -> list[list[Hypothesis]]:
+        """Hypotheses for already encoded sources (in their order), batched by length."""
+        d = self.decode
+        order = sorted(range(len(src_ids)), key=lambda i: len(src_ids[i]))
+        lengths = [len(ids) + 1 for ids in src_ids]  # + EOS
+        results: list[list[Hypothesis]] = [[] for _ in src_ids]
+        for chunk in token_batches(lengths, order, d.max_tokens, rows_per_example=d.beam_size):
+            batch = collate([src_ids[i] for i in chunk]).to(self.device)
+            if d.beam_size == 1 and d.nbest == 1:
+                found = [[h] for h in greedy_search(self.model, batch.src, batch.src_mask, d.max_len_a, d.max_len_b,
+                                                    d.min_len, need_attention)]
+            else:
+                found = beam_search(self.model, batch.src, batch.src_mask, d.beam_size, d.nbest, d.length_penalty,
+                                    d.max_len_a, d.max_len_b, d.min_len, need_attention)
+            for i, hyps in zip(chunk, found):
+                results[i] = hyps
+        return results
+
+    def translate(self, lines: Sequence[str]) -> list[Translation]:
+        sources = self.encode(lines)
+        out = [Translation([("", 0.0)]) for _ in range(sources.count)]
+        for i, hyps in zip(sources.lines, self.search(sources.ids)):
+            decoded = self.tokenizer.decode_tgt([h.tokens for h in hyps])
+            scores = [h.score / gnmt_penalty(len(h.tokens) + 1, self.decode.length_penalty) for h in hyps]
+            out[i] = Translation(list(zip(decoded, scores)), i in sources.truncated)
+        return out
+
+    def translate_stream(self, lines: Iterable[str], chunk_lines: int = 1000) -> Iterator[list[Translation]]:
+        """``translate`` over a stream, ``chunk_lines`` lines at a time: the translations of each chunk, in
+        order, as soon as that chunk is done (so a long file needs memory for one chunk only)."""
+        for chunk in chunks(lines, chunk_lines):
+            yield self.translate(chunk)
+
+    def best(self, lines: Sequence[str]) -> list[str]:
+        """The best translation of each line."""
+        return [t.outputs[0][0] for t in self.translate(lines)]
+
+
+def chunks(lines: Iterable, size: int) -> Iterator[list]:
+    """Consecutive lists of ``size`` items (the last may be shorter)."""
+    chunk: list = []
+    for line in lines:
+        chunk.append(line)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
