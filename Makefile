@@ -1,6 +1,7 @@
 # Two entry points: `make demo` (the main job on the embedded toy task) and `make test`.
 # Each creates the virtual environment .venv on first use. torch is pinned and installed first:
-# an unpinned torch would pull a multi-GB CUDA build.
+# an unpinned torch would pull a multi-GB CUDA build. pip's own output goes to .venv/install.log
+# (shown if the set-up fails), so that a first run prints one line instead of pages of notices.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -10,11 +11,11 @@ RUN := runs/demo
 .PHONY: demo test lint clean
 
 $(BIN)/.installed: pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q $(TORCH)
-	$(BIN)/pip install -q -e '.[dev]'
-	touch $@
+	@echo "setting up $(VENV): $(TORCH) (CPU), attnmt and its dependencies (log: $(VENV)/install.log)"
+	@$(PYTHON) -m venv $(VENV)
+	@{ $(BIN)/pip install --upgrade pip && $(BIN)/pip install $(TORCH) && $(BIN)/pip install -e '.[dev]'; } \
+		> $(VENV)/install.log 2>&1 || { tail -n 30 $(VENV)/install.log; echo "set-up failed; the whole log: $(VENV)/install.log"; exit 1; }
+	@touch $@
 
 demo: $(BIN)/.installed
 	$(BIN)/attnmt train configs/toy_transformer.yaml --run-dir $(RUN)

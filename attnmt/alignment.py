@@ -58,7 +58,8 @@ def word_labels(pieces: Sequence[str], groups: Sequence[Sequence[int]]) -> list[
     return ["".join(pieces[k] for k in g).replace(WORD_START, "") or WORD_START for g in groups]
 
 
-def merge_groups(weights: np.ndarray, row_groups: Sequence[Sequence[int]], col_groups: Sequence[Sequence[int]]) -> np.ndarray:
+def merge_groups(weights: np.ndarray, row_groups: Sequence[Sequence[int]],
+                 col_groups: Sequence[Sequence[int]]) -> np.ndarray:
     """(..., T, S) -> (..., rows, cols): the columns (keys) of a group summed, so a word receives the
     attention its pieces receive; the rows (queries) of a group averaged, so every row still sums to
     what it summed to before. Groups are consecutive positions covering the axis in order."""
@@ -72,14 +73,16 @@ def merge_groups(weights: np.ndarray, row_groups: Sequence[Sequence[int]], col_g
     return np.add.reduceat(summed, row_starts, axis=-2) / sizes[:, None]
 
 
-def merge_words(weights: np.ndarray, row_pieces: Sequence[str], col_pieces: Sequence[str]) -> tuple[np.ndarray, list[str], list[str]]:
+def merge_words(weights: np.ndarray, row_pieces: Sequence[str],
+                col_pieces: Sequence[str]) -> tuple[np.ndarray, list[str], list[str]]:
     """Attention over pieces -> attention over words (``plot --words``): key pieces of a word summed,
     query pieces averaged (``merge_groups``). Returns (weights, row words, column words)."""
     rows, cols = word_groups(row_pieces), word_groups(col_pieces)
     return merge_groups(weights, rows, cols), word_labels(row_pieces, rows), word_labels(col_pieces, cols)
 
 
-def words_to_pieces(encode: Callable[[list[str]], list[list[int]]], lines: Sequence[str]) -> tuple[list[list[int]], list[list[list[int]]]]:
+def words_to_pieces(encode: Callable[[list[str]], list[list[int]]],
+                    lines: Sequence[str]) -> tuple[list[list[int]], list[list[list[int]]]]:
     """Pre-tokenised lines (words split on spaces) -> (piece ids of each line, the piece positions of each
     word). Words are encoded one by one, so a word's pieces are exactly its own; a word that encodes to
     nothing (say, a lone zero-width space) gets the unknown piece, so every word keeps its index."""
@@ -172,7 +175,8 @@ class Gold:
             outside = sorted(link for link in possible if link[0] >= n_src or link[1] >= n_tgt)
             if outside:
                 shown = format_pharaoh(outside[:1], self.one_based)
-                raise DataError(f"{self.path}:{i + 1}: link {shown} is outside the pair ({n_src} source words, {n_tgt} target words)")
+                raise DataError(f"{self.path}:{i + 1}: link {shown} is outside the pair "
+                                f"({n_src} source words, {n_tgt} target words)")
 
 
 def read_gold(path: Path, lines: int, pairs_from: Path, one_based: bool = False) -> Gold:
@@ -205,11 +209,13 @@ class AlignmentScore:
     sentences: int
 
     def as_dict(self) -> dict:
-        return {"aer": round(self.aer, 6), "precision": round(self.precision, 6), "recall": round(self.recall, 6),
-                "predicted": self.predicted, "sure": self.sure, "possible": self.possible, "sentences": self.sentences}
+        return {"aer": round(self.aer, 6), "precision": round(self.precision, 6),
+                "recall": round(self.recall, 6), "predicted": self.predicted, "sure": self.sure,
+                "possible": self.possible, "sentences": self.sentences}
 
 
-def alignment_scores(predicted: Iterable[Iterable[Link]], sure: Iterable[set[Link]], possible: Iterable[set[Link]]) -> AlignmentScore:
+def alignment_scores(predicted: Iterable[Iterable[Link]], sure: Iterable[set[Link]],
+                     possible: Iterable[set[Link]]) -> AlignmentScore:
     """Corpus-level AER, precision and recall (Och & Ney 2003, sec. 4): counts summed over sentences.
     An empty prediction has precision 1, an empty gold recall 1, and both empty AER 0."""
     a_total = s_total = p_total = a_and_s = a_and_p = n = 0

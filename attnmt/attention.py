@@ -214,7 +214,8 @@ class MultiHeadAttention(nn.Module):
 
     def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Self-attention: x (B, T, D) -> (q, k, v), each (B, H, T, dh)."""
-        return self._split_heads(self.q_proj(x)), self._split_heads(self.k_proj(x)), self._split_heads(self.v_proj(x))
+        return (self._split_heads(self.q_proj(x)), self._split_heads(self.k_proj(x)),
+                self._split_heads(self.v_proj(x)))
 
     def project_kv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys/values x (B, S, D) -> (k, v), each (B, H, S, dh); cache these when decoding."""

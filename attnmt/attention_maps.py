@@ -1,4 +1,5 @@
-"""A trained model's attention on sentence pairs, under teacher forcing: as arrays, as heatmaps, as alignments.
+"""A trained model's attention on sentence pairs, under teacher forcing: as arrays, as heatmaps, as
+alignments.
 
 Letters: B batch, H heads, T target length (pieces + EOS), S source length (pieces + EOS).
 
@@ -27,7 +28,8 @@ AttentionMaps = dict[str, list[np.ndarray]]
 """kind (``cross``, ``enc_self``, ``dec_self``) -> one array per layer: cross (H, T, S), enc_self
 (H, S, S), dec_self (H, T, T); rows are queries and sum to 1."""
 
-_SIDES = {"cross": ("tgt", "src"), "enc_self": ("src", "src"), "dec_self": ("tgt", "tgt")}  # kind -> (rows, columns)
+# kind -> (rows, columns)
+_SIDES = {"cross": ("tgt", "src"), "enc_self": ("src", "src"), "dec_self": ("tgt", "tgt")}
 
 
 @torch.no_grad()
@@ -91,14 +93,15 @@ class HeatmapOptions:
     title: str = ""
 
 
-def draw_encoded(translator: Translator, src_ids: Sequence[Sequence[int]], numbers: Sequence[int], out_dir: Path,
-                 options: HeatmapOptions, painter: HeatmapFigure | None = None) -> int:
+def draw_encoded(translator: Translator, src_ids: Sequence[Sequence[int]], numbers: Sequence[int],
+                 out_dir: Path, options: HeatmapOptions, painter: HeatmapFigure | None = None) -> int:
     """Translate encoded sources, read each translation back under teacher forcing, and write the heatmaps
     of sentence ``numbers[i]`` into ``out_dir`` (``plot.sentence_maps``); returns the files written."""
     painter = painter or HeatmapFigure()
     tokenizer, kinds = translator.tokenizer, list(options.kinds)
     hyps = [found[0].tokens for found in translator.search(src_ids)]
-    maps = teacher_forced_attention(translator.model, src_ids, hyps, translator.device, translator.decode.max_tokens, kinds)
+    maps = teacher_forced_attention(translator.model, src_ids, hyps, translator.device,
+                                    translator.decode.max_tokens, kinds)
     written = 0
     for src, hyp, pair_maps, number in zip(src_ids, hyps, maps, numbers):
         src_pieces, tgt_pieces = tokenizer.src_pieces(src) + ["</s>"], tokenizer.tgt_pieces(hyp)
@@ -106,8 +109,9 @@ def draw_encoded(translator: Translator, src_ids: Sequence[Sequence[int]], numbe
                   "dec_self": (["<s>"] + tgt_pieces, ["<s>"] + tgt_pieces)}
         for kind in kinds:
             layer = (options.layers or {}).get(kind)
-            written += len(sentence_maps(out_dir, number, {kind: pair_maps[kind]}, labels, None if layer is None else [layer],
-                                         options.head, options.words, options.fmt, options.dpi, options.title, painter))
+            written += len(sentence_maps(out_dir, number, {kind: pair_maps[kind]}, labels,
+                                         None if layer is None else [layer], options.head, options.words,
+                                         options.fmt, options.dpi, options.title, painter))
     return written
 
 
@@ -135,7 +139,8 @@ class Aligned:
 
 
 def align_corpus(translator: Translator, sources: Sequence[str], targets: Sequence[str] | None = None,
-                 layer: int | None = -1, method: str = "argmax", threshold: float = 0.3, gold: Gold | None = None) -> Aligned:
+                 layer: int | None = -1, method: str = "argmax", threshold: float = 0.3,
+                 gold: Gold | None = None) -> Aligned:
     """Word alignments of pre-tokenised sentence pairs (words split on spaces) from cross-attention under
     teacher forcing: ``layer`` (0-based, -1 the last, None the average of every layer and head) averaged
     over its heads, EOS left out, merged into words (``alignment.merge_groups``), links extracted with
@@ -149,8 +154,9 @@ def align_corpus(translator: Translator, sources: Sequence[str], targets: Sequen
     if gold is not None:
         gold.check_fits([len(g) for g in src_groups], [len(g) for g in tgt_groups])
     pairs = [i for i in range(len(sources)) if src_ids[i] and tgt_ids[i]]
-    maps = teacher_forced_attention(translator.model, [src_ids[i] for i in pairs], [tgt_ids[i] for i in pairs],
-                                    translator.device, translator.decode.max_tokens, ["cross"])
+    maps = teacher_forced_attention(translator.model, [src_ids[i] for i in pairs],
+                                    [tgt_ids[i] for i in pairs], translator.device,
+                                    translator.decode.max_tokens, ["cross"])
     links: list[list[Link]] = [[] for _ in sources]
     for i, pair_maps in zip(pairs, maps):
         matrix = layer_average(pair_maps["cross"], layer)[:-1, :-1]  # (T, S) without the EOS row and column

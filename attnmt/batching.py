@@ -50,7 +50,8 @@ class Batch:
         return int(self.tgt_lengths.sum())
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
-        return Batch(**{f.name: getattr(self, f.name).to(device, non_blocking=non_blocking) for f in fields(self)})
+        return Batch(**{f.name: getattr(self, f.name).to(device, non_blocking=non_blocking)
+                        for f in fields(self)})
 
 
 def collate(
@@ -148,8 +149,8 @@ class TokenBatchSampler:
         self.bucket_batches = bucket_batches
         if len(self.lengths) < self.batches_per_step:
             raise DataError(
-                f"epoch has 0 steps: {len(self.lengths)} examples cannot fill {num_replicas} rank(s) x {multiple_of} "
-                f"accumulation step(s) (max_tokens={max_tokens})"
+                f"epoch has 0 steps: {len(self.lengths)} examples cannot fill {num_replicas} rank(s) x "
+                f"{multiple_of} accumulation step(s) (max_tokens={max_tokens})"
             )
 
     def global_batches(self, epoch: int) -> list[list[int]]:
@@ -179,7 +180,8 @@ class TokenBatchSampler:
                 batches[i : i + 1] = [big[:half], big[half:]]
             else:
                 # Every batch holds one example (each over half the budget): merge the last two instead,
-                # one batch over budget rather than an example lost. There are >= batches_per_step batches, so this ends.
+                # one batch over budget rather than an example lost. There are >= batches_per_step
+                # batches, so this ends.
                 batches[-2:] = [batches[-2] + batches[-1]]
         return batches
 
@@ -226,5 +228,6 @@ def load_split(run: RunDir, name: str) -> EncodedSplit | None:
     try:
         ds = datasets.load_from_disk(str(path))
     except Exception as e:
-        raise DataError(f"{path}: cannot read the encoded {name} split ({type(e).__name__}); run attnmt prepare again") from None
+        raise DataError(f"{path}: cannot read the encoded {name} split ({type(e).__name__}); "
+                        "run attnmt prepare again") from None
     return EncodedSplit(ds["src_ids"], ds["tgt_ids"], ds["tgt"])

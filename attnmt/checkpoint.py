@@ -66,11 +66,14 @@ def tensor_bytes(tensor: torch.Tensor) -> bytes:
 # ------------------------------------------------------------------------------------------- saving
 
 
-def save_checkpoint(run: RunDir, payload: dict[str, Any], step: int, faults: Faults = NO_FAULTS) -> dict[str, Any]:
-    """Write ``payload`` as ``checkpoints/step_<step>.pt`` and point ``latest.json`` at it; returns the pointer."""
+def save_checkpoint(run: RunDir, payload: dict[str, Any], step: int,
+                    faults: Faults = NO_FAULTS) -> dict[str, Any]:
+    """Write ``payload`` as ``checkpoints/step_<step>.pt`` and point ``latest.json`` at it; returns the
+    pointer."""
     for name, tensor in payload["model"].items():
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            raise DivergedError(f"refusing to save non-finite weights ({name}) at step {step}; the last checkpoint is kept")
+            raise DivergedError(f"refusing to save non-finite weights ({name}) at step {step}; "
+                                "the last checkpoint is kept")
     folder = run.checkpoints
     final = folder / step_file(step)
     tmp = folder / f".{final.name}.tmp-{os.getpid()}"
@@ -90,7 +93,8 @@ def save_checkpoint(run: RunDir, payload: dict[str, Any], step: int, faults: Fau
         if isinstance(e, (KeyboardInterrupt, SystemExit, ResourceError)):
             raise
         # torch.save reports a short write as RuntimeError ("unexpected pos"), not OSError.
-        cause = "no space left on device" if "No space left" in str(e) or getattr(e, "errno", None) == 28 else str(e).splitlines()[0]
+        cause = ("no space left on device" if "No space left" in str(e) or getattr(e, "errno", None) == 28
+                 else str(e).splitlines()[0])
         raise ResourceError(f"{final}: cannot write checkpoint: {cause}") from None
     return pointer
 
@@ -139,7 +143,8 @@ def load_checkpoint(path: Path, expected_sha256: str | None = None) -> dict[str,
     if not isinstance(payload, dict) or "format" not in payload or "model" not in payload:
         raise CheckpointError(f"{path}: not an attnmt checkpoint")
     if not isinstance(payload["format"], int) or payload["format"] > FORMAT:
-        raise CheckpointError(f"{path}: written by checkpoint format {payload['format']}; this attnmt reads <= {FORMAT}")
+        raise CheckpointError(f"{path}: written by checkpoint format {payload['format']}; "
+                              f"this attnmt reads <= {FORMAT}")
     return payload
 
 
@@ -166,16 +171,19 @@ def latest_checkpoint(run: RunDir) -> tuple[Path, dict[str, Any]] | None:
         # Warned only now: when nothing loads, the error below says it in one line.
         for failure in failures:
             log.warning("%s; using %s instead", failure, path.name)
-        write_pointer(run, "latest", {"step": int(payload["progress"]["step"]), "file": path.name, "sha256": sha256_file(path), "format": FORMAT})
+        write_pointer(run, "latest", {"step": int(payload["progress"]["step"]), "file": path.name,
+                                      "sha256": sha256_file(path), "format": FORMAT})
         return path, payload
     if failures:
         # Starting over would overwrite and prune these files; a person decides.
-        raise CheckpointError(f"{run.checkpoints}: no loadable checkpoint ({failures[0]}); move the folder away to start over")
+        raise CheckpointError(f"{run.checkpoints}: no loadable checkpoint ({failures[0]}); "
+                              "move the folder away to start over")
     return None
 
 
 def resolve_model_path(model: Path) -> Path:
-    """MODEL on the command line: a checkpoint file, or a run folder (its best checkpoint, else its latest)."""
+    """MODEL on the command line: a checkpoint file, or a run folder (its best checkpoint, else its
+    latest)."""
     model = Path(model)
     if model.is_file():
         return model
@@ -205,8 +213,9 @@ def diff_dicts(old: Any, new: Any, prefix: str = "") -> list[str]:
 # --------------------------------------------------------------------------------- training state
 
 # train.* keys that may change when a run resumes: they do not change what the steps compute.
-RESUMABLE = {"max_steps", "max_epochs", "max_minutes", "valid_beam_size", "log_every", "eval_every", "save_every", "keep_last",
-             "keep_best", "patience", "plot_every", "tensorboard", "run_dir", "max_nonfinite", "compile", "device"}
+RESUMABLE = {"max_steps", "max_epochs", "max_minutes", "valid_beam_size", "log_every", "eval_every",
+             "save_every", "keep_last", "keep_best", "patience", "plot_every", "tensorboard", "run_dir",
+             "max_nonfinite", "compile", "device"}
 
 
 def canonical_hash(value: Any) -> str:
@@ -233,7 +242,8 @@ def recorded_tokenizer(payload: dict[str, Any] | None) -> dict[str, Any] | None:
     return ((payload or {}).get("fingerprint") or {}).get("tokenizer")
 
 
-def training_payload(cfg, tokenizer, fingerprint: dict, model, optimizer, schedule, scaler, progress: dict) -> dict[str, Any]:
+def training_payload(cfg, tokenizer, fingerprint: dict, model, optimizer, schedule, scaler,
+                     progress: dict) -> dict[str, Any]:
     """The payload of a training checkpoint (the module docstring lists its keys)."""
     return {
         "format": FORMAT,
@@ -251,22 +261,27 @@ def training_payload(cfg, tokenizer, fingerprint: dict, model, optimizer, schedu
     }
 
 
-def restore_training(path: Path, payload: dict[str, Any], fingerprint: dict, model, optimizer, schedule, scaler) -> dict:
+def restore_training(path: Path, payload: dict[str, Any], fingerprint: dict, model, optimizer, schedule,
+                     scaler) -> dict:
     """Load a checkpoint's training state into the given objects, after checking that the run it came
     from computes what this one would (else the error names what changed); returns its progress."""
     if payload.get("optimizer") is None:
-        raise CheckpointError(f"{path}: has no training state (an averaged checkpoint?); it can translate, not resume")
+        raise CheckpointError(f"{path}: has no training state (an averaged checkpoint?); "
+                              "it can translate, not resume")
     old = payload["fingerprint"]
     if old["model_sha256"] != fingerprint["model_sha256"]:
         changes = diff_dicts(old["model"], fingerprint["model"])
-        raise CheckpointError(f"{path}: checkpoint was trained with another model config ({'; '.join(changes[:4])})")
+        raise CheckpointError(f"{path}: checkpoint was trained with another model config "
+                              f"({'; '.join(changes[:4])})")
     if old["tokenizer"] != fingerprint["tokenizer"]:
-        raise CheckpointError(f"{path}: tokenizer does not match checkpoint (expected sha256 {old['tokenizer']['src_sha256'][:12]}…)")
+        raise CheckpointError(f"{path}: tokenizer does not match checkpoint "
+                              f"(expected sha256 {old['tokenizer']['src_sha256'][:12]}…)")
     if old["dynamics"] != fingerprint["dynamics"]:
         changes = diff_dicts(old["dynamics"], fingerprint["dynamics"])
         raise ConfigError(f"{path}: cannot resume with changed training settings: {'; '.join(changes[:4])}")
     if old["data_sha256"] != fingerprint["data_sha256"]:
-        raise DataError(f"{path}: the training data changed since this checkpoint; an exact resume is impossible")
+        raise DataError(f"{path}: the training data changed since this checkpoint; "
+                        "an exact resume is impossible")
     try:
         model.load_state_dict(payload["model"], strict=True)
         optimizer.load_state_dict(payload["optimizer"])
@@ -303,13 +318,16 @@ def load_model(model_path: Path, device: str | torch.device = "cpu"):
         src_model = files["spm.model" if joint else "src.model"]
         tgt_model = files["spm.model" if joint else "tgt.model"]
     except (KeyError, TypeError, AttributeError) as e:
-        raise CheckpointError(f"{path}: checkpoint has no usable tokenizer ({type(e).__name__}: {e})") from None
+        raise CheckpointError(f"{path}: checkpoint has no usable tokenizer "
+                              f"({type(e).__name__}: {e})") from None
     if sha256_bytes(src_model) != expected["src_sha256"] or sha256_bytes(tgt_model) != expected["tgt_sha256"]:
-        raise CheckpointError(f"{path}: tokenizer does not match checkpoint (expected sha256 {expected['src_sha256'][:12]}…)")
+        raise CheckpointError(f"{path}: tokenizer does not match checkpoint "
+                              f"(expected sha256 {expected['src_sha256'][:12]}…)")
     try:
         tokenizer = Tokenizer(src_model, tgt_model, joint=joint)
     except RuntimeError as e:
-        raise CheckpointError(f"{path}: its tokenizer is not a valid sentencepiece model ({str(e).splitlines()[0]})") from None
+        raise CheckpointError(f"{path}: its tokenizer is not a valid sentencepiece model "
+                              f"({str(e).splitlines()[0]})") from None
     model = build_model(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
     state = payload["model"]
     for name, tensor in state.items():
@@ -318,7 +336,8 @@ def load_model(model_path: Path, device: str | torch.device = "cpu"):
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as e:
-        raise CheckpointError(f"{path}: weights do not fit the model its config describes: {str(e).splitlines()[0][:300]}") from None
+        raise CheckpointError(f"{path}: weights do not fit the model its config describes: "
+                              f"{str(e).splitlines()[0][:300]}") from None
     return model.to(device).eval(), tokenizer, cfg, path
 
 
@@ -371,7 +390,8 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
         raise ValueError("averaging needs at least two checkpoints")
     first = load_checkpoint(paths[0])
     fingerprint = first.get("fingerprint")
-    if not isinstance(fingerprint, dict) or "model_sha256" not in fingerprint or "tokenizer" not in fingerprint:
+    if (not isinstance(fingerprint, dict) or "model_sha256" not in fingerprint
+            or "tokenizer" not in fingerprint):
         raise CheckpointError(f"{paths[0]}: checkpoint has no model and tokenizer fingerprint")
     sums: dict[str, torch.Tensor] = {}
     for i, path in enumerate(paths):
@@ -379,19 +399,24 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
         other = payload.get("fingerprint") or {}
         if other.get("model_sha256") != fingerprint["model_sha256"]:
             changes = diff_dicts(fingerprint.get("model"), other.get("model"))
-            raise CheckpointError(f"{path}: another model config than {paths[0].name} ({'; '.join(changes[:4]) or 'fingerprints differ'})")
+            raise CheckpointError(f"{path}: another model config than {paths[0].name} "
+                                  f"({'; '.join(changes[:4]) or 'fingerprints differ'})")
         if other.get("tokenizer") != fingerprint["tokenizer"]:
             raise CheckpointError(f"{path}: tokenizer does not match {paths[0].name}")
         state = payload["model"]
         if sums and state.keys() != sums.keys():
-            raise CheckpointError(f"{path}: other parameter names than {paths[0].name} ({', '.join(sorted(state.keys() ^ sums.keys())[:4])})")
+            raise CheckpointError(f"{path}: other parameter names than {paths[0].name} "
+                                  f"({', '.join(sorted(state.keys() ^ sums.keys())[:4])})")
         for name, tensor in state.items():
-            if name in sums and (tensor.shape, tensor.is_floating_point()) != (sums[name].shape, sums[name].is_floating_point()):
-                raise CheckpointError(f"{path}: {name} is {tensor.dtype} {tuple(tensor.shape)}, in {paths[0].name} "
+            if name in sums and ((tensor.shape, tensor.is_floating_point())
+                                 != (sums[name].shape, sums[name].is_floating_point())):
+                raise CheckpointError(f"{path}: {name} is {tensor.dtype} {tuple(tensor.shape)}, "
+                                      f"in {paths[0].name} "
                                       f"{first['model'][name].dtype} {tuple(sums[name].shape)}")
             if not tensor.is_floating_point():
                 if name in sums and not torch.equal(tensor, sums[name]):
-                    raise CheckpointError(f"{path}: {name} differs from {paths[0].name} (not a float tensor, so not averaged)")
+                    raise CheckpointError(f"{path}: {name} differs from {paths[0].name} "
+                                          "(not a float tensor, so not averaged)")
                 sums[name] = tensor
             elif not bool(torch.isfinite(tensor).all()):
                 raise CheckpointError(f"{path}: parameter {name} holds non-finite values")
@@ -400,7 +425,8 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
             else:
                 sums[name] = tensor.to(torch.float64, copy=True)
     dtypes = {name: tensor.dtype for name, tensor in first["model"].items()}
-    model = {name: (s / len(paths)).to(dtypes[name]) if dtypes[name].is_floating_point else s for name, s in sums.items()}
+    model = {name: (s / len(paths)).to(dtypes[name]) if dtypes[name].is_floating_point else s
+             for name, s in sums.items()}
     return {**first, "model": model, "optimizer": None, "schedule": None, "scaler": None,
             "averaged_from": [p.name for p in paths]}  # fmt: skip
 

@@ -1,9 +1,8 @@
 """The configuration schema: pydantic models for every section, ``load_config`` and its error messages.
 
-A config has five sections: ``data``, ``tokenizer``, ``model`` (``arch: lstm | transformer``), ``train``
-and ``decode``. Every mistake is caught at load time and reported as one line that names the file,
-the line and the dotted key, e.g. ``configs/toy.yaml:12: model.n_head: unknown key (did you mean
-n_heads?)``.
+A config has five sections: ``data``, ``tokenizer``, ``model`` (``arch: lstm | transformer``), ``train`` and
+``decode``. Every mistake is caught at load time and reported as one line that names the file, the line and
+the dotted key, e.g. ``configs/toy.yaml:12: model.n_head: unknown key (did you mean n_heads?)``.
 
 Files are read by ``yaml12.py`` (YAML 1.2 scalars, no duplicate keys, no aliases), which also keeps the
 line of every key for these messages.
@@ -92,10 +91,11 @@ def _source_tag(value: Any) -> str:
     return getattr(value, "format", "text")
 
 
-Source = Annotated[
-    Annotated[TextSource, Tag("text")] | Annotated[TsvSource, Tag("tsv")] | Annotated[JsonlSource, Tag("jsonl")] | Annotated[HfSource, Tag("hf")] | Annotated[ToySource, Tag("toy")],
-    Discriminator(_source_tag, custom_error_type="invalid_format", custom_error_message="format must be one of text, tsv, jsonl, hf, toy"),
-]
+Source = Annotated[Annotated[TextSource, Tag("text")] | Annotated[TsvSource, Tag("tsv")]
+                   | Annotated[JsonlSource, Tag("jsonl")] | Annotated[HfSource, Tag("hf")]
+                   | Annotated[ToySource, Tag("toy")],
+                   Discriminator(_source_tag, custom_error_type="invalid_format",
+                                 custom_error_message="format must be one of text, tsv, jsonl, hf, toy")]
 
 
 class DataConfig(Section):
@@ -223,7 +223,8 @@ class TrainConfig(Section):
     """Stop after this many validations without improvement; 0 = never."""
     max_nonfinite: PositiveInt = 10
     plot_every: Annotated[int, Field(strict=True, ge=0)] = 0
-    """Every N-th validation, draw the attention on the first dev sentences into RUN/plots/step_XXXXXXXX/; 0 = never."""
+    """Every N-th validation, draw the attention on the first dev sentences into RUN/plots/step_XXXXXXXX/;
+    0 = never."""
     tensorboard: Bool = False
 
 
@@ -268,13 +269,9 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     return config_from_dict(data, source=str(path), base_dir=path.parent, overrides=overrides, lines=lines)
 
 
-def config_from_dict(
-    data: Any,
-    source: str = "<config>",
-    base_dir: Path | None = None,
-    overrides: list[str] | tuple[str, ...] = (),
-    lines: dict[tuple[str, ...], int] | None = None,
-) -> Config:
+def config_from_dict(data: Any, source: str = "<config>", base_dir: Path | None = None,
+                     overrides: list[str] | tuple[str, ...] = (),
+                     lines: dict[tuple[str, ...], int] | None = None) -> Config:
     """Validate an already-parsed config; relative paths resolve against ``base_dir``."""
     if data is None:
         raise ConfigError(f"{source}: config is empty; it must be a mapping with sections data, model, ...")
@@ -321,7 +318,8 @@ def set_dotted(data: dict, key: str, value: Any, where: str) -> None:
     node[parts[-1]] = value
 
 
-def _resolve_paths(model: BaseModel, base: Path, prefix: str = "", from_shell: set[str] = frozenset()) -> None:
+def _resolve_paths(model: BaseModel, base: Path, prefix: str = "",
+                   from_shell: set[str] = frozenset()) -> None:
     """Make every relative Path field absolute, in place: against the config's folder, or against the
     working folder for keys given with ``--set`` (``from_shell``)."""
     for name in type(model).model_fields:
@@ -342,7 +340,8 @@ def _absolute(path: Path, base: Path) -> Path:
 
 # ------------------------------------------------------------------------------------- error text
 
-_TYPE_WORDS = {bool: "boolean", int: "integer", float: "number", str: "string", list: "list", dict: "mapping", type(None): "null"}
+_TYPE_WORDS = {bool: "boolean", int: "integer", float: "number", str: "string", list: "list", dict: "mapping",
+               type(None): "null"}
 
 
 def _describe(error: ValidationError, source: str, lines: dict[tuple[str, ...], int], overrides) -> str:
@@ -370,9 +369,11 @@ def _clean_loc(loc: tuple) -> tuple:
     """Drop pydantic's union-member tags (``model.transformer.n_heads`` -> ``model.n_heads``)."""
     out = []
     for i, part in enumerate(loc):
-        if i > 0 and isinstance(part, str) and part in _TAGS and loc[i - 1] in ("model", "train", "dev", "test"):
+        if (i > 0 and isinstance(part, str) and part in _TAGS
+                and loc[i - 1] in ("model", "train", "dev", "test")):
             continue
-        if isinstance(part, str) and (part.startswith("function-") or part in ("list[Path]", "Path", "none", "tuple")):
+        if isinstance(part, str) and (part.startswith("function-")
+                                      or part in ("list[Path]", "Path", "none", "tuple")):
             continue
         out.append(part)
     return tuple(out)
@@ -384,7 +385,8 @@ def _message(err: dict, loc: tuple) -> str:
     if kind == "extra_forbidden":
         valid = _valid_keys(loc[:-1])
         close = difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.6)
-        hint = f" (did you mean {close[0]}?)" if close else (f" (valid keys: {', '.join(valid)})" if valid else "")
+        hint = (f" (did you mean {close[0]}?)" if close
+                else (f" (valid keys: {', '.join(valid)})" if valid else ""))
         return f"unknown key{hint}"
     if kind == "missing":
         return "required key is missing"
@@ -403,7 +405,8 @@ def _message(err: dict, loc: tuple) -> str:
     if kind in ("literal_error", "enum"):
         return f"{value!r} is not one of {err['ctx']['expected']}"
     if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
-        op = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}[kind]
+        op = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<",
+              "less_than_equal": "<="}[kind]
         bound = next(iter(err["ctx"].values()))
         return f"must be {op} {bound}, got {value!r}"
     if kind == "value_error":

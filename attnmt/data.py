@@ -71,7 +71,8 @@ class ParallelText:
 
 def read_corpus(source: Source, name: str) -> ParallelText:
     """Read and clean one split (``name`` is ``train``, ``dev`` or ``test``, used in messages)."""
-    readers = {TextSource: _read_text, TsvSource: _read_tsv, JsonlSource: _read_jsonl, HfSource: _read_hf, ToySource: _read_toy}
+    readers = {TextSource: _read_text, TsvSource: _read_tsv, JsonlSource: _read_jsonl, HfSource: _read_hf,
+               ToySource: _read_toy}
     corpus = readers[type(source)](source, name)
     if corpus.read == 0:
         raise DataError(f"{name}: the corpus is empty ({_describe_source(source)})")
@@ -98,7 +99,8 @@ def read_lines(path: Path) -> Iterator[str]:
 
 
 def count_lines(path: Path) -> int:
-    """Lines as ``read_lines`` yields them: the number of ``\\n`` bytes, plus one for a last line without one."""
+    """Lines as ``read_lines`` yields them: the number of ``\\n`` bytes, plus one for a last line without
+    one."""
     return sum(1 for _ in _raw_lines(path))
 
 
@@ -158,7 +160,8 @@ def _read_tsv(source: TsvSource, name: str) -> ParallelText:
             continue
         columns = text.split("\t")
         if len(columns) < need:
-            raise DataError(f"{source.path}:{line}: expected at least {need} tab-separated columns, found {len(columns)}")
+            raise DataError(f"{source.path}:{line}: expected at least {need} tab-separated columns, "
+                            f"found {len(columns)}")
         corpus.add(columns[source.src_column], columns[source.tgt_column], line)
     return corpus
 
@@ -203,20 +206,25 @@ def _read_hf(source: HfSource, name: str) -> ParallelText:
         if not Path(path).exists():
             raise DataError(f"{name}: {path}: file not found")
     try:
-        dataset = datasets.load_dataset(source.name, source.config_name, data_files=data_files, split=source.split)
+        dataset = datasets.load_dataset(source.name, source.config_name, data_files=data_files,
+                                        split=source.split)
     except ValueError as e:
         message = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise DataError(f"{name}: Hugging Face dataset {source.name!r}: {message}") from None
     except (FileNotFoundError, ConnectionError, OSError) as e:
-        offline = " (offline: HF_HUB_OFFLINE / HF_DATASETS_OFFLINE are set or there is no network)" if _offline() else ""
-        raise DataError(f"{name}: cannot load Hugging Face dataset {source.name!r}{offline}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+        offline = (" (offline: HF_HUB_OFFLINE / HF_DATASETS_OFFLINE are set or there is no network)"
+                   if _offline() else "")
+        raise DataError(f"{name}: cannot load Hugging Face dataset {source.name!r}{offline}: "
+                        f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
     except Exception as e:  # datasets raises many private types (DatasetNotFoundError, ...)
-        raise DataError(f"{name}: cannot load Hugging Face dataset {source.name!r}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+        raise DataError(f"{name}: cannot load Hugging Face dataset {source.name!r}: {type(e).__name__}: "
+                        f"{str(e).splitlines()[0] if str(e) else ''}") from None
     corpus = ParallelText(name)
     top_src, top_tgt = source.src_field.split(".")[0], source.tgt_field.split(".")[0]
     for top in (top_src, top_tgt):
         if top not in dataset.column_names:
-            raise DataError(f"{name}: Hugging Face dataset {source.name!r} has no field {top!r} (fields: {', '.join(dataset.column_names)})")
+            raise DataError(f"{name}: Hugging Face dataset {source.name!r} has no field {top!r} "
+                            f"(fields: {', '.join(dataset.column_names)})")
     for row, record in enumerate(dataset.select_columns(sorted({top_src, top_tgt})), start=1):
         where = f"{source.name} ({source.split}) row {row}"
         corpus.add(_field(record, source.src_field, where), _field(record, source.tgt_field, where), row)
@@ -226,7 +234,8 @@ def _read_hf(source: HfSource, name: str) -> ParallelText:
 def _offline() -> bool:
     import os
 
-    return any(os.environ.get(v, "").lower() in ("1", "true", "yes") for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+    return any(os.environ.get(v, "").lower() in ("1", "true", "yes")
+               for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
 
 
 def _read_toy(source: ToySource, name: str) -> ParallelText:
@@ -245,11 +254,12 @@ def _read_toy(source: ToySource, name: str) -> ParallelText:
 # source orders, "pm" changes the hour two words before it, and names map to other names. Each pair
 # comes with its true word alignment.
 
-WEEKDAYS = [("monday", "montag"), ("tuesday", "dienstag"), ("wednesday", "mittwoch"), ("thursday", "donnerstag"),
-            ("friday", "freitag"), ("saturday", "samstag"), ("sunday", "sonntag")]
-MONTHS = [("january", "januar"), ("february", "februar"), ("march", "märz"), ("april", "april"), ("may", "mai"),
-          ("june", "juni"), ("july", "juli"), ("august", "august"), ("september", "september"),
-          ("october", "oktober"), ("november", "november"), ("december", "dezember")]
+WEEKDAYS = [("monday", "montag"), ("tuesday", "dienstag"), ("wednesday", "mittwoch"),
+            ("thursday", "donnerstag"), ("friday", "freitag"), ("saturday", "samstag"), ("sunday", "sonntag")]
+MONTHS = [("january", "januar"), ("february", "februar"), ("march", "märz"), ("april", "april"),
+          ("may", "mai"), ("june", "juni"), ("july", "juli"), ("august", "august"),
+          ("september", "september"), ("october", "oktober"), ("november", "november"),
+          ("december", "dezember")]
 
 
 def _ordinal(day: int) -> str:
@@ -258,7 +268,8 @@ def _ordinal(day: int) -> str:
 
 
 def toy_pair(rng: random.Random) -> tuple[str, str, str]:
-    """One (English, German, alignment) triple; alignment is Pharaoh ``src-tgt`` (sure) / ``src?tgt`` (possible)."""
+    """One (English, German, alignment) triple; alignment is Pharaoh ``src-tgt`` (sure) / ``src?tgt``
+    (possible)."""
     weekday_en, weekday_de = rng.choice(WEEKDAYS)
     month_en, month_de = rng.choice(MONTHS)
     day, year = rng.randint(1, 28), rng.randint(1900, 2099)
@@ -268,10 +279,12 @@ def toy_pair(rng: random.Random) -> tuple[str, str, str]:
     t_day = 2 if order != "short" else 0
     if order == "us":  # tuesday , march 14th , 2019
         src = [weekday_en, ",", month_en, _ordinal(day), ",", str(year)]
-        links = [(0, 0, "-"), (1, 1, "-"), (3, t_day, "-"), (2, t_day + 1, "-"), (5, t_day + 2, "-"), (4, t_day + 2, "?")]
+        links = [(0, 0, "-"), (1, 1, "-"), (3, t_day, "-"), (2, t_day + 1, "-"), (5, t_day + 2, "-"),
+                 (4, t_day + 2, "?")]
     elif order == "british":  # tuesday the 14th of march 2019
         src = [weekday_en, "the", _ordinal(day), "of", month_en, str(year)]
-        links = [(0, 0, "-"), (2, t_day, "-"), (4, t_day + 1, "-"), (5, t_day + 2, "-"), (1, t_day, "?"), (3, t_day + 1, "?")]
+        links = [(0, 0, "-"), (2, t_day, "-"), (4, t_day + 1, "-"), (5, t_day + 2, "-"), (1, t_day, "?"),
+                 (3, t_day + 1, "?")]
     else:  # march 14th 2019
         src = [month_en, _ordinal(day), str(year)]
         links = [(1, 0, "-"), (0, 1, "-"), (2, 2, "-")]

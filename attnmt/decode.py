@@ -161,7 +161,8 @@ def beam_search(
     if src.size(0) == 0:
         return []
     search = _BeamSearch(model, src_mask, beam_size, nbest, length_penalty, need_attention)
-    return search.run(model.encode(src, src_mask), max_output_lengths(src_mask, max_len_a, max_len_b), min_len)
+    return search.run(model.encode(src, src_mask), max_output_lengths(src_mask, max_len_a, max_len_b),
+                      min_len)
 
 
 @dataclass
@@ -193,11 +194,13 @@ class _BeamSearch:
         self.need_attention, self.device = need_attention, src_mask.device
         B = src_mask.size(0)
         self.active = torch.arange(B, device=self.device)  # (b,) sentences still searching
-        self.history = torch.zeros(B * self.K, 0, dtype=torch.long, device=self.device)  # (N, t) pieces so far, no BOS
+        # (N, t) pieces so far, no BOS
+        self.history = torch.zeros(B * self.K, 0, dtype=torch.long, device=self.device)
         self.attn_history: torch.Tensor | None = None  # (N, t, S)
         self.scores: torch.Tensor | None = None  # (N,)
         self.finished: list[list[_Finished]] = [[] for _ in range(B)]
-        self.floor = [-math.inf] * B  # normalized score a new hypothesis must beat to be kept (K kept already)
+        # normalized score a new hypothesis must beat to be kept (K kept already)
+        self.floor = [-math.inf] * B
         self.inserted = 0
 
     def run(self, state: Any, limits: torch.Tensor, min_len: int) -> list[list[Hypothesis]]:
@@ -216,7 +219,8 @@ class _BeamSearch:
             candidates = self._candidates(logp, attn)
             self._keep_finished(candidates, t, attn)
             keep = self._still_searching(candidates.live_scores, lp_max)  # (b,)
-            index = candidates.live_parents[keep].view(-1)  # (N',) rows of the next step, in their parents' positions
+            # (N',) rows of the next step, in their parents' positions
+            index = candidates.live_parents[keep].view(-1)
             self.active = self.active[keep]
             if not self.active.numel():
                 break
@@ -255,7 +259,8 @@ class _BeamSearch:
         positions = torch.arange(2 * K, device=self.device)
         live_pos = (is_eos.long() * 2 * K + positions).topk(K, dim=1, largest=False).values % (2 * K)
         parents = torch.arange(b, device=self.device)[:, None] * K + top_beam.gather(1, live_pos)  # (b, K)
-        return _Candidates(top_scores, top_beam, is_eos, top_scores.gather(1, live_pos), parents, top_token.gather(1, live_pos))
+        return _Candidates(top_scores, top_beam, is_eos, top_scores.gather(1, live_pos), parents,
+                           top_token.gather(1, live_pos))
 
     def _keep_finished(self, c: _Candidates, t: int, attn: torch.Tensor | None) -> None:
         """EOS among the first K candidates, not banned and good enough: kept, the best K per sentence."""
@@ -287,18 +292,22 @@ class _BeamSearch:
         lowest, sentences = torch.finfo(dtype).min, self.active.tolist()
         best_live = live_scores[:, 0]  # (b,): live candidates come best first
         # The best normalized score a live continuation can reach; same dtype and division as `normalized`.
-        bound = (best_live / torch.tensor([lp_max[i] for i in sentences], dtype=dtype, device=self.device)).tolist()
+        bound = (best_live / torch.tensor([lp_max[i] for i in sentences], dtype=dtype,
+                                          device=self.device)).tolist()
         n = self.nbest
         done = [
-            best_live_score <= lowest or (len(self.finished[i]) >= n and self.finished[i][n - 1].normalized >= bound_i)
+            best_live_score <= lowest or (len(self.finished[i]) >= n
+                                          and self.finished[i][n - 1].normalized >= bound_i)
             for i, best_live_score, bound_i in zip(sentences, best_live.tolist(), bound)
         ]
         return torch.tensor([not d for d in done], device=self.device)
 
-    def _advance(self, c: _Candidates, keep: torch.Tensor, index: torch.Tensor, attn: torch.Tensor | None) -> torch.Tensor:
+    def _advance(self, c: _Candidates, keep: torch.Tensor, index: torch.Tensor,
+                 attn: torch.Tensor | None) -> torch.Tensor:
         """The live candidates of the sentences still searching become the rows; returns their tokens."""
         self.scores, tokens = c.live_scores[keep].view(-1), c.live_tokens[keep].view(-1)
         self.history = torch.cat([self.history[index], tokens[:, None]], dim=1)  # (N', t + 1)
         if self.need_attention:
-            self.attn_history = torch.cat([self.attn_history[index], attn[index][:, None]], dim=1)  # (N', t + 1, S)
+            # (N', t + 1, S)
+            self.attn_history = torch.cat([self.attn_history[index], attn[index][:, None]], dim=1)
         return tokens

@@ -36,7 +36,8 @@ class Dist:
     world_size: int = 1
     rank: int = 0
     local_rank: int = 0
-    device: torch.device = field(default_factory=lambda: torch.device("cpu"))  # where collectives' tensors live
+    # where collectives' tensors live
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
 
     @property
     def main(self) -> bool:

@@ -86,7 +86,8 @@ def _key(*weights: torch.Tensor) -> tuple:
     return tuple((w.data_ptr(), w._version, tuple(w.shape)) for w in weights)
 
 
-def _packed_product(x: torch.Tensor, layers: Sequence[PackedLinear], activation: str = "none") -> torch.Tensor:
+def _packed_product(x: torch.Tensor, layers: Sequence[PackedLinear],
+                    activation: str = "none") -> torch.Tensor:
     """x (..., in) times the weights of ``layers`` stacked (sum of out): one oneDNN product with the
     weights packed once and kept on the first layer until any weight or bias changes."""
     first = layers[0]
@@ -97,7 +98,8 @@ def _packed_product(x: torch.Tensor, layers: Sequence[PackedLinear], activation:
             weight = torch.cat([m.weight.detach() for m in layers])  # (sum out, in)
             bias = None
             if any(m.bias is not None for m in layers):
-                bias = torch.cat([m.weight.new_zeros(m.out_features) if m.bias is None else m.bias.detach() for m in layers])
+                bias = torch.cat([m.weight.new_zeros(m.out_features) if m.bias is None else m.bias.detach()
+                                  for m in layers])
             packed = first._packs[len(layers)] = (key, _OPS[0](weight, 64), bias)
     rows = x.reshape(-1, x.size(-1)).contiguous()  # (M, in)
     out = _OPS[1](rows, packed[1], packed[2], activation, [], "")  # (M, sum out)

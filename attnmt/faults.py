@@ -1,6 +1,7 @@
-"""Fault injection for tests: a ``Faults`` object the tests hand to the trainer, never read from the environment.
+"""Fault injection for tests: a ``Faults`` object the tests hand to the trainer, never read from the
+environment.
 
-The reliability tests need faults at exact places (``docs/RELIABILITY.md``, "How to test kill -9"):
+The reliability tests need faults at exact places (``docs/RELIABILITY.md``, "How it is tested"):
 a SIGKILL right after a given step, a SIGKILL between writing a checkpoint's temporary file and
 renaming it, a non-finite loss at or from a given step. Production code holds ``NO_FAULTS``, whose
 hooks do nothing. Tests pass a ``Faults`` to ``train.fit`` in-process, or, for a training run in a

@@ -18,7 +18,8 @@ class CheckpointKeeper:
     def admit(self, best: list[dict], step: int, score: float) -> list[dict] | None:
         """The new ranking if ``step`` enters the best ``keep_best`` (its checkpoint is then to be saved);
         None if it does not. Ties rank the earlier step first."""
-        ranked = sorted(best + [{"step": step, "score": score}], key=lambda e: -e["score"] if self.higher_is_better else e["score"])
+        ranked = sorted(best + [{"step": step, "score": score}],
+                        key=lambda e: -e["score"] if self.higher_is_better else e["score"])
         kept = ranked[: self.keep_best]
         return kept if any(e["step"] == step for e in kept) else None
 
@@ -37,7 +38,8 @@ class CheckpointKeeper:
         latest = read_pointer(self.run, "latest").get("file")
         if latest:
             protected.add(latest)
-        steps = sorted((p for p in folder.iterdir() if STEP_FILE.match(p.name) and not p.is_symlink()), key=lambda p: p.name)
+        steps = sorted((p for p in folder.iterdir() if STEP_FILE.match(p.name) and not p.is_symlink()),
+                       key=lambda p: p.name)
         for path in steps[: -self.keep_last] if self.keep_last else steps:
             if path.name not in protected and path.resolve().is_relative_to(folder):
                 path.unlink(missing_ok=True)

@@ -315,7 +315,8 @@ def sparse_attention(
 def _sparse_mask(
     mask: torch.Tensor, gather_idx: torch.Tensor, summary_idx: torch.Tensor, N: int, W: int, L: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The user mask (b, h, t, S) read at the band keys (b, h, N, W|1, L) and summary keys (b, h, N|1, W|1, M)."""
+    """The user mask (b, h, t, S) read at the band keys (b, h, N, W|1, L) and summary keys
+    (b, h, N|1, W|1, M)."""
     b, h, t, S = mask.shape
     if t == 1:  # key padding: the same keys for every query
         keys = mask[:, :, 0, :]  # (b, h, S)

@@ -18,7 +18,8 @@ class LossOutput:
     n_tokens: int
 
 
-def label_smoothed_nll(logits: torch.Tensor, target: torch.Tensor, pad_id: int, smoothing: float = 0.0) -> LossOutput:
+def label_smoothed_nll(logits: torch.Tensor, target: torch.Tensor, pad_id: int,
+                       smoothing: float = 0.0) -> LossOutput:
     """logits (B, T, V), target (B, T) -> sums over the non-pad positions of ``target``.
 
     Sums, not means: the trainer divides by the token count of all accumulated batches (and ranks),
@@ -31,5 +32,6 @@ def label_smoothed_nll(logits: torch.Tensor, target: torch.Tensor, pad_id: int, 
     target = target.flatten()  # (B*T,)
     loss = F.cross_entropy(logits, target, ignore_index=pad_id, reduction="sum", label_smoothing=smoothing)
     with torch.no_grad():
-        nll = loss if smoothing == 0.0 else F.cross_entropy(logits, target, ignore_index=pad_id, reduction="sum")
+        nll = (loss if smoothing == 0.0
+               else F.cross_entropy(logits, target, ignore_index=pad_id, reduction="sum"))
     return LossOutput(loss, nll.detach(), int((target != pad_id).sum()))

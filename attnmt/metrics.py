@@ -27,7 +27,8 @@ class Score:
         return "chrF" if self.name == "chrf" else self.name.upper()
 
     def as_dict(self) -> dict:
-        return {"metric": self.name, "score": round(self.score, 4), "signature": self.signature, "text": self.text}
+        return {"metric": self.name, "score": round(self.score, 4), "signature": self.signature,
+                "text": self.text}
 
 
 def corpus_scores(
@@ -87,4 +88,5 @@ def score_corpus(
     if not hypotheses:
         raise DataError(f"{name}: no lines to score")
     streams = [lines for _, lines in references]
-    return corpus_scores(hypotheses, streams, metrics, tgt_lang=tgt_lang, tokenize=tokenize, lowercase=lowercase)
+    return corpus_scores(hypotheses, streams, metrics, tgt_lang=tgt_lang, tokenize=tokenize,
+                         lowercase=lowercase)

@@ -17,7 +17,8 @@ from .config import TrainConfig
 
 
 def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
-    """AdamW over two parameter groups: weight decay for tensors of two or more dimensions, none for the rest."""
+    """AdamW over two parameter groups: weight decay for tensors of two or more dimensions, none for the
+    rest."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     return torch.optim.AdamW(
@@ -35,9 +36,9 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
 class Schedule:
     """Learning rate per step: linear warmup, then inverse_sqrt | cosine | constant, times a plateau factor.
 
-    inverse_sqrt has the shape of Vaswani et al. 2017, eq. (3), scaled to peak at ``peak`` after ``warmup`` steps; cosine
-    decays from ``peak`` to ``min_lr`` over the steps after warmup (Loshchilov & Hutter 2017). The plateau
-    factor halves the rate after ``PLATEAU_PATIENCE`` validations without improvement (schedule
+    inverse_sqrt has the shape of Vaswani et al. 2017, eq. (3), scaled to peak at ``peak`` after ``warmup``
+    steps; cosine decays from ``peak`` to ``min_lr`` over the steps after warmup (Loshchilov & Hutter 2017).
+    The plateau factor halves the rate after ``PLATEAU_PATIENCE`` validations without improvement (schedule
     ``plateau``). All state is plain numbers, saved in checkpoints.
     """
 

@@ -76,8 +76,10 @@ def cjk_font_path() -> str | None:
         candidates += [str(Path(p) / "NotoSansCJK-Regular.ttc") for p in spec.submodule_search_locations]
     from matplotlib.font_manager import findSystemFonts
 
-    hints = ("cjk", "wqy", "wenquanyi", "droidsansfallback", "sourcehan", "notosanssc", "notosansjp", "ukai", "uming")
-    candidates += sorted(p for p in findSystemFonts() if any(h in Path(p).name.lower().replace("-", "") for h in hints))
+    hints = ("cjk", "wqy", "wenquanyi", "droidsansfallback", "sourcehan", "notosanssc", "notosansjp", "ukai",
+             "uming")
+    candidates += sorted(p for p in findSystemFonts()
+                         if any(h in Path(p).name.lower().replace("-", "") for h in hints))
     for path in candidates:
         if _has_glyph(path, "中"):
             return path
@@ -134,7 +136,8 @@ class Layout:
     font_size: float
 
 
-def layout(n_panels: int, n_rows: int, n_cols: int, row_labels: Sequence[str], col_labels: Sequence[str]) -> Layout:
+def layout(n_panels: int, n_rows: int, n_cols: int, row_labels: Sequence[str],
+           col_labels: Sequence[str]) -> Layout:
     """A figure size that grows with the sentence (``CELL`` inches per token) up to ``MAX_FIGURE``
     inches a side; beyond that the cells and the font shrink."""
     cols = n_panels if n_panels <= 3 else math.ceil(math.sqrt(n_panels))
@@ -200,7 +203,8 @@ class HeatmapFigure:
             raise ValueError(f"attention must be (T, S) or (panels, T, S), got shape {weights.shape}")
         n, T, S = weights.shape
         if len(row_labels) != T or len(col_labels) != S:
-            raise ValueError(f"attention is {T} x {S} but there are {len(row_labels)} row and {len(col_labels)} column labels")
+            raise ValueError(f"attention is {T} x {S} but there are {len(row_labels)} row and "
+                             f"{len(col_labels)} column labels")
         titles = list(panel_titles) if panel_titles is not None else [None] * n
         rows_text, cols_text = [shorten(s) for s in row_labels], [shorten(s) for s in col_labels]
         lay = layout(n, T, S, rows_text, cols_text)
@@ -240,18 +244,23 @@ class HeatmapFigure:
         for k in range(n):
             ax = fig.add_axes((0, 0, 1, 1))
             for axis in (ax.xaxis, ax.yaxis):
-                axis.set_label_coords(0, 0)  # fixed: never measure the tick labels to place an (empty) axis title
+                # fixed: never measure the tick labels to place an (empty) axis title
+                axis.set_label_coords(0, 0)
             # Labels without tick marks: each label sits at the centre of its row or column.
             ax.tick_params(bottom=False, left=False, pad=1.5)
             self._axes.append(ax)
-            self._images.append(ax.imshow(weights[k], cmap=CMAP, vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest"))
+            self._images.append(ax.imshow(weights[k], cmap=CMAP, vmin=0.0, vmax=1.0, aspect="auto",
+                                          interpolation="nearest"))
             above = offset_copy(ax.transAxes, fig=fig, y=2, units="points")
-            self._headings.append(ax.text(0.5, 1.0, "", transform=above, ha="center", va="bottom", fontsize=FONT_SIZE, parse_math=False))
+            self._headings.append(ax.text(0.5, 1.0, "", transform=above, ha="center", va="bottom",
+                                          fontsize=FONT_SIZE, parse_math=False))
         self._cax = fig.add_axes((0, 0, 1, 1))
         fig.colorbar(self._images[0], cax=self._cax).ax.tick_params(labelsize=FONT_SIZE - 1)
         self._title = fig.text(0.5, 1.0, "", ha="center", va="top", fontsize=FONT_SIZE + 1, parse_math=False)
-        self._xlabel = fig.text(0.5, 0.0, "", ha="center", va="bottom", fontsize=FONT_SIZE + 1, parse_math=False)
-        self._ylabel = fig.text(0.0, 0.5, "", ha="left", va="center", rotation=90, fontsize=FONT_SIZE + 1, parse_math=False)
+        self._xlabel = fig.text(0.5, 0.0, "", ha="center", va="bottom", fontsize=FONT_SIZE + 1,
+                                parse_math=False)
+        self._ylabel = fig.text(0.0, 0.5, "", ha="left", va="center", rotation=90, fontsize=FONT_SIZE + 1,
+                                parse_math=False)
         self._panels = n
 
 
@@ -323,8 +332,10 @@ def head_panels(layer: np.ndarray, head: int | None = None) -> tuple[np.ndarray,
     return panels, [f"head {h + 1}" for h in range(layer.shape[0])] + ["average"]
 
 
-KIND_AXES = {"cross": ("source", "target"), "enc_self": ("source (keys)", "source"), "dec_self": ("target (keys)", "target")}
-KIND_TITLES = {"cross": "cross-attention", "enc_self": "encoder self-attention", "dec_self": "decoder self-attention"}
+KIND_AXES = {"cross": ("source", "target"), "enc_self": ("source (keys)", "source"),
+             "dec_self": ("target (keys)", "target")}
+KIND_TITLES = {"cross": "cross-attention", "enc_self": "encoder self-attention",
+               "dec_self": "decoder self-attention"}
 
 
 def sentence_maps(
@@ -354,10 +365,12 @@ def sentence_maps(
             if words:
                 panels, row_text, col_text = merge_words(panels, row_text, col_text)
             xlabel, ylabel = KIND_AXES.get(kind, ("keys", "queries"))
-            heading = f"{title}{KIND_TITLES.get(kind, kind)}, layer {layer + 1}" + (f", head {head + 1}" if head is not None else "")
+            heading = (f"{title}{KIND_TITLES.get(kind, kind)}, layer {layer + 1}"
+                       + (f", head {head + 1}" if head is not None else ""))
             fig = painter.draw(panels, col_text, row_text, titles, heading, xlabel, ylabel)
             suffix = f"_head{head + 1}" if head is not None else ""
-            written.append(save_figure(fig, Path(out_dir) / f"{number:04d}_{kind}_layer{layer + 1}{suffix}.{fmt}", fmt, dpi))
+            written.append(save_figure(
+                fig, Path(out_dir) / f"{number:04d}_{kind}_layer{layer + 1}{suffix}.{fmt}", fmt, dpi))
     return written
 
 
@@ -384,7 +397,8 @@ def curves_figure(records: Sequence[dict], title: str = "") -> Figure:
 
     def series(event: str, key: str) -> tuple[list[float], list[float]]:
         points = [(r["step"], r[key]) for r in records
-                  if r.get("event") == event and isinstance(r.get(key), (int, float)) and isinstance(r.get("step"), (int, float))]
+                  if r.get("event") == event and isinstance(r.get(key), (int, float))
+                  and isinstance(r.get("step"), (int, float))]
         return [p[0] for p in points], [p[1] for p in points]
 
     train_loss, dev_loss = series("train", "loss"), series("valid", "loss")
@@ -436,7 +450,8 @@ def assemble(frames: Sequence[Path], out: Path, duration_ms: int = 600) -> Path:
             canvas = Image.new("RGB", (width, height), "white")
             canvas.paste(image, (0, 0))
             padded.append(canvas)
-        padded[0].save(buffer, format="GIF", save_all=True, append_images=padded[1:], duration=duration_ms, loop=0)
+        padded[0].save(buffer, format="GIF", save_all=True, append_images=padded[1:], duration=duration_ms,
+                       loop=0)
     else:
         width, height = sum(i.width for i in images), max(i.height for i in images)
         strip = Image.new("RGB", (width, height), "white")
@@ -475,4 +490,5 @@ def animate_run(run_dir: Path) -> list[tuple[Path, int]]:
             frames.setdefault(png.name, []).append(png)
     if not frames:
         raise DataError(f"{plots}: no heatmaps from training (train them with --set train.plot_every=1)")
-    return [(assemble(paths, plots / (Path(name).stem + ".gif")), len(paths)) for name, paths in frames.items()]
+    return [(assemble(paths, plots / (Path(name).stem + ".gif")), len(paths))
+            for name, paths in frames.items()]

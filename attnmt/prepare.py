@@ -57,11 +57,13 @@ def _length_stats(ids: list[list[int]]) -> tuple[int, dict[str, int], float]:
     lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
     total = int(lengths.sum())
     unk = sum(x.count(UNK_ID) for x in ids)
-    pct = {f"p{p}" if p < 100 else "max": int(np.percentile(lengths, p)) if len(lengths) else 0 for p in PERCENTILES}
+    pct = {f"p{p}" if p < 100 else "max": int(np.percentile(lengths, p)) if len(lengths) else 0
+           for p in PERCENTILES}
     return total, pct, (unk / total if total else 0.0)
 
 
-def encode_split(corpus: ParallelText, tokenizer: Tokenizer, max_len: int | None, max_ratio: float | None) -> tuple[dict, SplitStats]:
+def encode_split(corpus: ParallelText, tokenizer: Tokenizer, max_len: int | None,
+                 max_ratio: float | None) -> tuple[dict, SplitStats]:
     """Encode a corpus; with ``max_len``/``max_ratio`` drop pairs that are too long or too unequal."""
     src_ids = tokenizer.encode_src(corpus.src)
     tgt_ids = tokenizer.encode_tgt(corpus.tgt)
@@ -93,7 +95,8 @@ def encode_split(corpus: ParallelText, tokenizer: Tokenizer, max_len: int | None
         columns["alignment"] = [corpus.alignments[i] for i in keep]
     src_tokens, src_pct, src_unk = _length_stats(columns["src_ids"])
     tgt_tokens, tgt_pct, tgt_unk = _length_stats(columns["tgt_ids"])
-    stats = SplitStats(corpus.name, corpus.read, len(keep), dropped, src_tokens, tgt_tokens, src_pct, tgt_pct, src_unk, tgt_unk)
+    stats = SplitStats(corpus.name, corpus.read, len(keep), dropped, src_tokens, tgt_tokens, src_pct, tgt_pct,
+                       src_unk, tgt_unk)
     return columns, stats
 
 
@@ -102,20 +105,23 @@ def obtain_tokenizer(cfg: Config, run: RunDir, train: ParallelText) -> tuple[Tok
     settings = cfg.tokenizer.model_dump(mode="json")
     if cfg.tokenizer.src_model is not None:
         if not cfg.tokenizer.joint and cfg.tokenizer.tgt_model is None:
-            raise ConfigError("tokenizer.tgt_model: required when tokenizer.joint is false and src_model is given")
-        tokenizer = load_external(cfg.tokenizer.src_model, None if cfg.tokenizer.joint else cfg.tokenizer.tgt_model)
+            raise ConfigError("tokenizer.tgt_model: required when tokenizer.joint is false "
+                              "and src_model is given")
+        tokenizer = load_external(cfg.tokenizer.src_model,
+                                  None if cfg.tokenizer.joint else cfg.tokenizer.tgt_model)
         return tokenizer, False
     meta_path = run.tokenizer / META_FILE
     if meta_path.exists():
         try:
             stored = json.loads(meta_path.read_text(encoding="utf-8")).get("settings", {})
         except (OSError, ValueError) as e:
-            raise CheckpointError(f"{meta_path}: unreadable tokenizer metadata ({type(e).__name__})") from None
+            raise CheckpointError(f"{meta_path}: unreadable tokenizer metadata "
+                                  f"({type(e).__name__})") from None
         changed = [f"{k}: {stored.get(k)!r} -> {v!r}" for k, v in settings.items() if stored.get(k) != v]
         if changed:
             raise ConfigError(
-                f"{run.tokenizer}: this run's tokenizer was trained with other settings ({'; '.join(changed)}); "
-                "use another --run-dir or remove that folder"
+                f"{run.tokenizer}: this run's tokenizer was trained with other settings "
+                f"({'; '.join(changed)}); use another --run-dir or remove that folder"
             )
         return load_tokenizer(run.tokenizer), False
     tokenizer = train_tokenizer(train.src, train.tgt, cfg.tokenizer, seed=cfg.train.seed)
@@ -146,7 +152,8 @@ def write_resolved_config(cfg: Config, run: RunDir) -> None:
 
 
 def prepare(cfg: Config, run: RunDir) -> PrepareReport:
-    """Read, clean, tokenize and encode every split of ``cfg.data`` into ``run`` (the caller holds its lock)."""
+    """Read, clean, tokenize and encode every split of ``cfg.data`` into ``run`` (the caller holds its
+    lock)."""
     sources = {"train": cfg.data.train, "dev": cfg.data.dev, "test": cfg.data.test}
     corpora = {name: read_corpus(source, name) for name, source in sources.items() if source is not None}
     train = corpora["train"]
@@ -160,12 +167,14 @@ def prepare(cfg: Config, run: RunDir) -> PrepareReport:
     for name, corpus in corpora.items():
         is_train = name == "train"
         columns, split_stats = encode_split(
-            corpus, tokenizer, cfg.data.max_len if is_train else None, cfg.data.max_ratio if is_train else None
+            corpus, tokenizer, cfg.data.max_len if is_train else None,
+            cfg.data.max_ratio if is_train else None
         )
         if is_train:
             if split_stats.kept == 0:
                 raise DataError(f"train: no training pairs left ({_reasons(split_stats.dropped)})")
-            _check_dropped(split_stats.read, split_stats.kept, split_stats.dropped, cfg.data.max_dropped_fraction)
+            _check_dropped(split_stats.read, split_stats.kept, split_stats.dropped,
+                           cfg.data.max_dropped_fraction)
         elif split_stats.kept == 0:
             raise DataError(f"{name}: no pairs left after cleaning ({_reasons(split_stats.dropped)})")
         save_split(columns, run.split(name))
@@ -173,7 +182,8 @@ def prepare(cfg: Config, run: RunDir) -> PrepareReport:
 
     atomic_write_text(run.stats, json.dumps([s.__dict__ for s in stats], indent=2, ensure_ascii=False))
     write_resolved_config(cfg, run)
-    return PrepareReport(run.root, stats, trained, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.joint)
+    return PrepareReport(run.root, stats, trained, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size,
+                         tokenizer.joint)
 
 
 def _check_dropped(read: int, kept: int, dropped: dict[str, int], max_fraction: float) -> None:

@@ -149,7 +149,8 @@ class RunLock:
         except BlockingIOError:
             os.close(self._fd)
             self._fd = None
-            raise ResourceError(f"{self.run.root}: run folder is in use by another attnmt process (locked)") from None
+            raise ResourceError(f"{self.run.root}: run folder is in use "
+                                "by another attnmt process (locked)") from None
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -107,8 +107,10 @@ class MetricsLog:
     """Appends records to ``metrics.jsonl`` (and TensorBoard scalars) on the main rank, logs them, and
     hands every event to the reporter. ``elapsed`` gives the training seconds each record carries."""
 
-    def __init__(self, run: RunDir, main: bool, report: Reporter, elapsed: Callable[[], float], tensorboard: Any = None) -> None:
-        self.run, self.main, self.report, self.elapsed, self.tensorboard = run, main, report, elapsed, tensorboard
+    def __init__(self, run: RunDir, main: bool, report: Reporter, elapsed: Callable[[], float],
+                 tensorboard: Any = None) -> None:
+        self.run, self.main, self.report, self.elapsed, self.tensorboard = (
+            run, main, report, elapsed, tensorboard)
 
     def show(self, event: Event) -> None:
         if self.main:
@@ -155,5 +157,6 @@ def open_tensorboard(run: RunDir) -> Any:
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
-        raise ConfigError("train.tensorboard: needs the tensorboard package (pip install tensorboard)") from None
+        raise ConfigError("train.tensorboard: needs the tensorboard package "
+                          "(pip install tensorboard)") from None
     return SummaryWriter(str(run.root / "tensorboard"))

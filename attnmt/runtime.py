@@ -5,11 +5,10 @@ theirs to configure).
 and log-probabilities of every row, 10 MB each for 320 rows x 8,000 pieces). glibc's malloc serves
 blocks that size with fresh ``mmap`` pages, or trims them off the heap once freed, so each step pays
 page faults to get zeroed memory back from the kernel. Raising the mmap threshold to its maximum
-(32 MiB) and the trim threshold to 1 GiB keeps freed memory in the process for reuse. Under
-``/usr/bin/time``, ``scripts/bench_decode.py --equal-work --runs 1`` against the same with
-``--no-malloc-tuning``: minor page faults 126,000 against 408,000, system time 0.49 s against 1.13 s,
-beam 5 at 66.5 against 64.4 sentences/s (greedy within the machine's noise). The cost is that up to
-1 GiB of freed memory is held until the process ends, which suits a command that translates and exits.
+(32 MiB) and the trim threshold to 1 GiB keeps freed memory in the process for reuse;
+``scripts/bench_decode.py --equal-work`` with and without ``--no-malloc-tuning`` (under ``/usr/bin/time``
+for the page faults) measures what that saves. The cost is that up to 1 GiB of freed memory is held
+until the process ends, which suits a command that translates and exits.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Special ids are fixed for every model attnmt trains: pad 0, unk 1, bos 2, eos 3. A tokenizer folder
 holds ``spm.model`` (joint) or ``src.model`` and ``tgt.model``, and ``tokenizer.json`` with the sha256
 of each model file; loading checks those hashes before the sentencepiece C++ loader sees the bytes
-(``../shared/RELIABILITY.md``: crafted models have crashed it).
+(``docs/RELIABILITY.md``: crafted models have crashed it).
 """
 
 from __future__ import annotations
@@ -67,7 +67,8 @@ def train_model(sentences: Sequence[str], cfg: TokenizerConfig, seed: int = 1) -
             ) from None
         if "Vocabulary size" in message:
             raise DataError(
-                f"tokenizer.vocab_size {cfg.vocab_size} is too large for this corpus: {message[message.index('Vocabulary size'):]}"
+                f"tokenizer.vocab_size {cfg.vocab_size} is too large for this corpus: "
+                f"{message[message.index('Vocabulary size'):]}"
                 " (lower tokenizer.vocab_size, or set tokenizer.hard_vocab_limit: false)"
             ) from None
         raise DataError(f"sentencepiece training failed: {message}") from None
@@ -90,7 +91,8 @@ class Tokenizer:
         for side, sp in (("source", self._src), ("target", self._tgt)):
             ids = (sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id())
             if ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
-                raise CheckpointError(f"{side} sentencepiece model has special ids (pad, unk, bos, eos) = {ids}, expected (0, 1, 2, 3)")
+                raise CheckpointError(f"{side} sentencepiece model has special ids "
+                                      f"(pad, unk, bos, eos) = {ids}, expected (0, 1, 2, 3)")
 
     pad_id, unk_id, bos_id, eos_id = PAD_ID, UNK_ID, BOS_ID, EOS_ID
 
@@ -162,7 +164,8 @@ def load_model_file(path: Path, expected_sha256: str | None = None) -> bytes:
     except OSError as e:
         raise CheckpointError(f"{path}: cannot read tokenizer model: {e.strerror}") from None
     if expected_sha256 is not None and sha256_bytes(data) != expected_sha256:
-        raise CheckpointError(f"{path}: tokenizer does not match (sha256 {sha256_bytes(data)[:12]}…, expected {expected_sha256[:12]}…)")
+        raise CheckpointError(f"{path}: tokenizer does not match (sha256 {sha256_bytes(data)[:12]}…, "
+                              f"expected {expected_sha256[:12]}…)")
     return data
 
 
@@ -182,9 +185,11 @@ def load_tokenizer(folder: Path, expected: dict | None = None) -> Tokenizer:
         raise CheckpointError(f"{meta_path}: unreadable tokenizer metadata ({type(e).__name__})") from None
     names = ["spm.model"] if joint else ["src.model", "tgt.model"]
     if expected is not None:
-        wanted = [expected.get("src_sha256")] if joint else [expected.get("src_sha256"), expected.get("tgt_sha256")]
+        wanted = ([expected.get("src_sha256")] if joint
+                  else [expected.get("src_sha256"), expected.get("tgt_sha256")])
         if joint != expected.get("joint") or [hashes.get(name) for name in names] != wanted:
-            raise CheckpointError(f"{folder}: tokenizer does not match checkpoint (expected sha256 {str(wanted[0])[:12]}…)")
+            raise CheckpointError(f"{folder}: tokenizer does not match checkpoint "
+                                  f"(expected sha256 {str(wanted[0])[:12]}…)")
     models = []
     for name in names:
         if name not in hashes:
@@ -204,4 +209,5 @@ def _from_bytes(models: list[bytes], joint: bool, where: Path) -> Tokenizer:
     try:
         return Tokenizer(models[0], models[-1], joint=joint)
     except RuntimeError as e:  # sentencepiece: "could not parse ModelProto"
-        raise CheckpointError(f"{where}: not a valid sentencepiece model ({str(e).splitlines()[0]})") from None
+        raise CheckpointError(f"{where}: not a valid sentencepiece model "
+                              f"({str(e).splitlines()[0]})") from None

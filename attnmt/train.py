@@ -92,9 +92,11 @@ class Progress:
     evals_without_improvement: int = 0
     finished: bool = False  # the loop ended (informational: a larger max_steps/epochs/minutes continues it)
     early_stopped: bool = False  # patience ran out: the run is over for good
-    log_sums: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])  # loss, nll, tgt and all tokens since the last log
+    # loss, nll, tgt and all tokens since the last log
+    log_sums: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])
     train_seconds: float = 0.0  # wall time spent in the loop, over all resumes
-    best: list[dict] = field(default_factory=list)  # [{"step", "file", "sha256", "score"}], best first (``keeper``)
+    # [{"step", "file", "sha256", "score"}], best first (``keeper``)
+    best: list[dict] = field(default_factory=list)
 
 
 @dataclass
@@ -144,7 +146,8 @@ class Trainer:
         if self.dist.main:
             self._prepare_data()
         self.dist.barrier()
-        # The checkpoint names its tokenizer, so a swapped model file is refused before sentencepiece parses it.
+        # The checkpoint names its tokenizer, so a swapped model file is refused before sentencepiece
+        # parses it.
         found = latest_checkpoint(run)
         self.tokenizer = load_tokenizer(run.tokenizer, recorded_tokenizer(found[1] if found else None))
         self.train_data, dev_data = load_split(run, "train"), load_split(run, "dev")
@@ -155,9 +158,11 @@ class Trainer:
         self.steps_per_epoch = len(self.sampler) // self.tc.accum_steps
         self.total_steps = self.tc.max_steps or self.tc.max_epochs * self.steps_per_epoch
         self._build()
-        self.validator = Validator(self.cfg, self.tokenizer, dev_data, self.device, self.autocast_dtype) if dev_data else None
+        self.validator = (Validator(self.cfg, self.tokenizer, dev_data, self.device, self.autocast_dtype)
+                          if dev_data else None)
         self.progress = Progress()
-        self.fingerprint = fingerprint(self.cfg, self.dist.world_size, self.tokenizer, self.train_data.lengths)
+        self.fingerprint = fingerprint(self.cfg, self.dist.world_size, self.tokenizer,
+                                       self.train_data.lengths)
         if found is not None:
             self._restore(*found)
         else:
@@ -171,7 +176,8 @@ class Trainer:
             self.log.tensorboard = open_tensorboard(run)
 
     def _prepare_data(self) -> None:
-        """Run ``prepare`` unless the run folder holds data prepared with this config's data and tokenizer settings."""
+        """Run ``prepare`` unless the run folder holds data prepared with this config's data and tokenizer
+        settings."""
         run = self.run
         remove_stale_tmp(run)
         # config.yaml is written last, so without it an earlier prepare stopped halfway: prepare again.
@@ -185,26 +191,30 @@ class Trainer:
                              {s: getattr(self.cfg, s).model_dump(mode="json") for s in sections})
         if changes:
             raise ConfigError(
-                f"{run.root}: this run was prepared with other data or tokenizer settings ({'; '.join(changes[:3])}); "
-                "use another --run-dir"
+                f"{run.root}: this run was prepared with other data or tokenizer settings "
+                f"({'; '.join(changes[:3])}); use another --run-dir"
             )
 
     def _build(self) -> None:
         """The model (its initial weights follow from train.seed), optimizer, schedule and precision."""
         torch.manual_seed(self.tc.seed)
         tokenizer = self.tokenizer
-        self.model = build_model(self.cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, PAD_ID).to(self.device)
+        self.model = build_model(self.cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size,
+                                 PAD_ID).to(self.device)
         self.optimizer = make_optimizer(self.model, self.tc)
         self.schedule = Schedule.from_config(self.tc, self.total_steps)
         on_cuda = self.device.type == "cuda"
-        self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.tc.precision) if on_cuda else None
+        self.autocast_dtype = ({"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.tc.precision)
+                               if on_cuda else None)
         self.scaler = torch.amp.GradScaler("cuda") if self.autocast_dtype == torch.float16 else None
 
     def _restore(self, path, payload: dict) -> None:
-        state = restore_training(path, payload, self.fingerprint, self.model, self.optimizer, self.schedule, self.scaler)
+        state = restore_training(path, payload, self.fingerprint, self.model, self.optimizer, self.schedule,
+                                 self.scaler)
         self.progress = Progress(**state)
         self.log.truncate(self.progress.step)
-        self.log.show(Message(f"resumed from {path.name} (step {self.progress.step}, epoch {self.progress.epoch + 1})"))
+        self.log.show(Message(f"resumed from {path.name} (step {self.progress.step}, "
+                              f"epoch {self.progress.epoch + 1})"))
 
     # ---------------------------------------------------------------- the loop
 
@@ -232,13 +242,15 @@ class Trainer:
     def _finished_before(self) -> bool:
         p, tc = self.progress, self.tc
         time_spent = tc.max_minutes and p.train_seconds >= 60 * tc.max_minutes
-        return bool(p.early_stopped or (tc.max_steps and p.step >= tc.max_steps) or p.epoch >= tc.max_epochs or time_spent)
+        return bool(p.early_stopped or (tc.max_steps and p.step >= tc.max_steps) or p.epoch >= tc.max_epochs
+                    or time_spent)
 
     def _start(self) -> None:
         p = self.progress
         self._last_saved = p.step if p.step else -1
         parameters = sum(x.numel() for x in self.model.parameters())
-        self.log.show(Started(p.step, self.total_steps, self.steps_per_epoch, self.dist.world_size, str(self.device), parameters))
+        self.log.show(Started(p.step, self.total_steps, self.steps_per_epoch, self.dist.world_size,
+                              str(self.device), parameters))
         self._window_start = self._session_start = time.perf_counter()
         self._seconds_before = p.train_seconds
         self.ddp_model.train()
@@ -289,8 +301,8 @@ class Trainer:
         loss, nll, tgt_tokens, tokens = p.log_sums
         seconds = time.perf_counter() - self._window_start
         epoch = p.epoch + p.batch_in_epoch / max(epoch_batches, 1)
-        self.log.record(TrainRecord(p.step, epoch, loss / tgt_tokens, nll / tgt_tokens, self.schedule.lr(p.step),
-                                    tokens / max(seconds, 1e-9), result.grad_norm))
+        self.log.record(TrainRecord(p.step, epoch, loss / tgt_tokens, nll / tgt_tokens,
+                                    self.schedule.lr(p.step), tokens / max(seconds, 1e-9), result.grad_norm))
         p.log_sums, self._window_start = [0.0, 0.0, 0.0, 0.0], time.perf_counter()
 
     def elapsed(self) -> float:
@@ -312,8 +324,10 @@ class Trainer:
         loss_sum, nll_sum, global_tgt, global_src = self._backward(micro_batches, step)
         stop_requested = float(self.stop_signal is not None)
         # Rank 0's clock decides max_minutes; the sum shares its decision, so every rank stops together.
-        time_up = float(self.dist.main and self.tc.max_minutes > 0 and self.elapsed() >= 60 * self.tc.max_minutes)
-        loss_sum, nll_sum, stop_requested, time_up = self.dist.all_sum([loss_sum, nll_sum, stop_requested, time_up])
+        time_up = float(self.dist.main and self.tc.max_minutes > 0
+                        and self.elapsed() >= 60 * self.tc.max_minutes)
+        loss_sum, nll_sum, stop_requested, time_up = self.dist.all_sum(
+            [loss_sum, nll_sum, stop_requested, time_up])
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
         max_norm = self.tc.clip_norm if self.tc.clip_norm > 0 else float("inf")
@@ -332,7 +346,8 @@ class Trainer:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.progress.tokens_seen += int(global_tgt + global_src)
-        return StepResult(False, stop_requested > 0, time_up > 0, loss_sum, nll_sum, global_tgt, global_tgt + global_src, grad_norm, lr)
+        return StepResult(False, stop_requested > 0, time_up > 0, loss_sum, nll_sum, global_tgt,
+                          global_tgt + global_src, grad_norm, lr)
 
     def _backward(self, micro_batches: list[list[int]], step: int) -> tuple[float, float, float, float]:
         """Gradients of this rank's micro-batches, each loss over the step's target tokens on every rank;
@@ -346,7 +361,8 @@ class Trainer:
             torch.manual_seed(step_seed(self.tc.seed, step, m * self.dist.world_size + self.dist.rank))
             batch = batch.to(self.device, non_blocking=True)
             last = m == len(batches) - 1 or not self.dist.active
-            with contextlib.nullcontext() if last else self.ddp_model.no_sync(), torch.autocast(self.device.type, **autocast):
+            with (contextlib.nullcontext() if last else self.ddp_model.no_sync(),
+                  torch.autocast(self.device.type, **autocast)):
                 out = self.forward(batch)
                 loss = label_smoothed_nll(out.logits, batch.tgt_out, PAD_ID, self.tc.label_smoothing)
                 if self.faults.poisons(step):
@@ -366,7 +382,8 @@ class Trainer:
             self.scaler.update()
         p.nonfinite_skips += 1
         p.nonfinite_in_row += 1
-        self.log.record(NonfiniteRecord(step, p.nonfinite_skips, [i for batch in micro_batches for i in batch][:32]))
+        self.log.record(NonfiniteRecord(step, p.nonfinite_skips,
+                                        [i for batch in micro_batches for i in batch][:32]))
         if p.nonfinite_in_row >= self.tc.max_nonfinite:
             last = read_pointer(self.run, "latest").get("step")
             raise DivergedError(
@@ -385,7 +402,8 @@ class Trainer:
             result = self.validator.validate(self.model, p.step)
             self.log.record(result)
             score = result.score(metric)
-            validation_number = -(-p.step // self.tc.eval_every)  # ceil: the last, off-grid validation counts as the next
+            # ceil: the last, off-grid validation counts as the next
+            validation_number = -(-p.step // self.tc.eval_every)
             if self.tc.plot_every and validation_number % self.tc.plot_every == 0:
                 self.validator.plot(self.model, p.step, self.run.root / "plots" / f"step_{p.step:08d}")
         score = self.dist.all_sum([score])[0]
@@ -408,8 +426,8 @@ class Trainer:
         """Save the full training state (rank 0); every rank waits until it is on disk."""
         pointer: dict = {}
         if self.dist.main:
-            payload = training_payload(self.cfg, self.tokenizer, self.fingerprint, self.model, self.optimizer, self.schedule,
-                                       self.scaler, asdict(self.progress))
+            payload = training_payload(self.cfg, self.tokenizer, self.fingerprint, self.model, self.optimizer,
+                                       self.schedule, self.scaler, asdict(self.progress))
             pointer = save_checkpoint(self.run, payload, self.progress.step, self.faults)
             self.keeper.prune()
         self.dist.barrier()
@@ -420,17 +438,21 @@ class Trainer:
 def _log_bug(handler: logging.Handler | None) -> None:
     """The traceback of an unexpected error (a bug) goes to RUN/train.log only; the console shows one line."""
     if handler is not None:
-        handler.handle(log.makeRecord(log.name, logging.ERROR, __file__, 0, "internal error", None, sys.exc_info()))
+        handler.handle(log.makeRecord(log.name, logging.ERROR, __file__, 0, "internal error", None,
+                                      sys.exc_info()))
 
 
-def fit(cfg: Config, run: RunDir, report: Reporter, resume: bool = False, faults: Faults = NO_FAULTS) -> Finished:
-    """Train ``cfg`` in ``run`` (resuming it if it has a checkpoint); the caller holds the run's lock on rank 0.
+def fit(cfg: Config, run: RunDir, report: Reporter, resume: bool = False,
+        faults: Faults = NO_FAULTS) -> Finished:
+    """Train ``cfg`` in ``run`` (resuming it if it has a checkpoint); the caller holds the run's lock
+    on rank 0.
 
     SIGINT and SIGTERM finish the step, save and raise ``Interrupted``; an out-of-memory error propagates
     for the caller to report (``errors.is_out_of_memory``); any other unexpected error is logged with its
     traceback in ``RUN/train.log`` and propagates."""
     trainer = Trainer(cfg, run, report, faults)
-    handlers = {signum: signal.signal(signum, trainer.on_signal) for signum in (signal.SIGINT, signal.SIGTERM)}
+    handlers = {signum: signal.signal(signum, trainer.on_signal)
+                for signum in (signal.SIGINT, signal.SIGTERM)}
     file_handler = None
     try:
         trainer.setup(resume)

@@ -72,7 +72,8 @@ class Translator:
     An empty line translates to an empty line.
     """
 
-    def __init__(self, model: TranslationModel, tokenizer: Tokenizer, decode: DecodeConfig, device: torch.device | str = "cpu") -> None:
+    def __init__(self, model: TranslationModel, tokenizer: Tokenizer, decode: DecodeConfig,
+                 device: torch.device | str = "cpu") -> None:
         check_search_settings(decode.beam_size, decode.nbest, decode.length_penalty, decode.min_len)
         self.model, self.tokenizer, self.decode, self.device = model, tokenizer, decode, torch.device(device)
 
@@ -85,7 +86,8 @@ class Translator:
         truncated = {i for i, ids in zip(todo, encoded) if len(ids) > limit}
         return Sources([ids[:limit] for ids in encoded], todo, truncated, len(texts))
 
-    def search(self, src_ids: Sequence[Sequence[int]], need_attention: bool = False) -> list[list[Hypothesis]]:
+    def search(self, src_ids: Sequence[Sequence[int]],
+               need_attention: bool = False) -> list[list[Hypothesis]]:
         """Hypotheses for already encoded sources (in their order), batched by length."""
         d = self.decode
         order = sorted(range(len(src_ids)), key=lambda i: len(src_ids[i]))
@@ -94,11 +96,11 @@ class Translator:
         for chunk in token_batches(lengths, order, d.max_tokens, rows_per_example=d.beam_size):
             batch = collate([src_ids[i] for i in chunk]).to(self.device)
             if d.beam_size == 1 and d.nbest == 1:
-                found = [[h] for h in greedy_search(self.model, batch.src, batch.src_mask, d.max_len_a, d.max_len_b,
-                                                    d.min_len, need_attention)]
+                found = [[h] for h in greedy_search(self.model, batch.src, batch.src_mask, d.max_len_a,
+                                                    d.max_len_b, d.min_len, need_attention)]
             else:
-                found = beam_search(self.model, batch.src, batch.src_mask, d.beam_size, d.nbest, d.length_penalty,
-                                    d.max_len_a, d.max_len_b, d.min_len, need_attention)
+                found = beam_search(self.model, batch.src, batch.src_mask, d.beam_size, d.nbest,
+                                    d.length_penalty, d.max_len_a, d.max_len_b, d.min_len, need_attention)
             for i, hyps in zip(chunk, found):
                 results[i] = hyps
         return results

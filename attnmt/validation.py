@@ -33,7 +33,8 @@ class Validator:
 
     def __init__(self, cfg: Config, tokenizer: Tokenizer, dev: EncodedSplit, device: torch.device,
                  autocast_dtype: torch.dtype | None = None) -> None:
-        self.cfg, self.tokenizer, self.dev, self.device, self.autocast_dtype = cfg, tokenizer, dev, device, autocast_dtype
+        self.cfg, self.tokenizer, self.dev, self.device, self.autocast_dtype = (
+            cfg, tokenizer, dev, device, autocast_dtype)
         self.decode = cfg.decode.model_copy(update={"beam_size": cfg.train.valid_beam_size, "nbest": 1})
 
     def translator(self, model: torch.nn.Module) -> Translator:
@@ -46,15 +47,19 @@ class Validator:
         model.eval()
         try:
             loss_sum = nll_sum = tokens = 0.0
-            for indices in TokenBatchSampler(self.dev.lengths, self.cfg.decode.max_tokens, shuffle=False).batches(0):
+            for indices in TokenBatchSampler(self.dev.lengths, self.cfg.decode.max_tokens,
+                                             shuffle=False).batches(0):
                 batch = self.dev.batch(indices).to(self.device)
-                with torch.autocast(self.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
+                with torch.autocast(self.device.type, dtype=self.autocast_dtype,
+                                    enabled=self.autocast_dtype is not None):
                     out = model(batch)
                 loss = label_smoothed_nll(out.logits, batch.tgt_out, PAD_ID, self.cfg.train.label_smoothing)
-                loss_sum, nll_sum, tokens = loss_sum + float(loss.loss), nll_sum + float(loss.nll), tokens + loss.n_tokens
+                loss_sum, nll_sum, tokens = (loss_sum + float(loss.loss), nll_sum + float(loss.nll),
+                                             tokens + loss.n_tokens)
             search = self.translator(model).search
             texts = self.tokenizer.decode_tgt([hyps[0].tokens for hyps in search(self.dev.src_ids)])
-            scores = corpus_scores(texts, [self.dev.tgt_text], ("bleu", "chrf"), tgt_lang=self.cfg.data.tgt_lang)
+            scores = corpus_scores(texts, [self.dev.tgt_text], ("bleu", "chrf"),
+                                   tgt_lang=self.cfg.data.tgt_lang)
         finally:
             model.train(was_training)
         return ValidRecord(

@@ -27,14 +27,16 @@ class _StrictLoader(yaml.SafeLoader):
 
 # Replace the YAML 1.1 implicit resolvers for bool, int and float with YAML 1.2 core-schema ones.
 _StrictLoader.yaml_implicit_resolvers = {
-    first: [(tag, rx) for tag, rx in resolvers if tag not in ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
+    first: [(tag, rx) for tag, rx in resolvers
+            if tag not in ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
 _StrictLoader.add_implicit_resolver(
     "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
 )
 _StrictLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:int", re.compile(r"^(?:[-+]?(?:0|[1-9][0-9_]*)|0o[0-7]+|0x[0-9a-fA-F]+)$"), list("-+0123456789")
+    "tag:yaml.org,2002:int", re.compile(r"^(?:[-+]?(?:0|[1-9][0-9_]*)|0o[0-7]+|0x[0-9a-fA-F]+)$"),
+    list("-+0123456789")
 )
 # Before the float resolver, which would otherwise read "010" as 10.0 (resolvers are tried in order).
 _LEADING_ZERO_TAG = "tag:attnmt,2026:leading-zero"
@@ -52,7 +54,8 @@ def _construct_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
 
 def _reject_leading_zero(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> Any:
     raise yaml.constructor.ConstructorError(
-        None, None, f"{node.value!r}: leading zeros are not allowed (YAML 1.1 reads it as octal; quote it if it is a string)", node.start_mark
+        None, None, f"{node.value!r}: leading zeros are not allowed (YAML 1.1 reads it as octal; "
+                    "quote it if it is a string)", node.start_mark
     )
 
 
@@ -62,7 +65,8 @@ def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bo
         key = loader.construct_object(key_node, deep=True)
         if key in seen:
             raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r} (first defined on line {seen[key].line + 1})", key_node.start_mark
+                None, None, f"duplicate key {key!r} (first defined on line {seen[key].line + 1})",
+                key_node.start_mark
             )
         seen[key] = key_node.start_mark
     return loader.construct_mapping(node, deep=deep)
@@ -71,7 +75,8 @@ def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bo
 def _compose_node(self: _StrictLoader, parent: Any, index: Any) -> Any:
     if self.check_event(yaml.AliasEvent):
         event = self.peek_event()
-        raise yaml.composer.ComposerError(None, None, "aliases are not allowed in attnmt configs", event.start_mark)
+        raise yaml.composer.ComposerError(None, None, "aliases are not allowed in attnmt configs",
+                                          event.start_mark)
     return yaml.SafeLoader.compose_node(self, parent, index)
 
 
@@ -94,7 +99,8 @@ def parse_yaml(text: str, source: str) -> tuple[Any, dict[tuple[str, ...], int]]
         mark = e.problem_mark or e.context_mark
         where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
         problem = e.problem or e.context or "invalid YAML"
-        kind = "YAML syntax error" if isinstance(e, (yaml.scanner.ScannerError, yaml.parser.ParserError)) else "YAML error"
+        kind = ("YAML syntax error" if isinstance(e, (yaml.scanner.ScannerError, yaml.parser.ParserError))
+                else "YAML error")
         raise ConfigError(f"{where}: {kind}: {problem}") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{source}: YAML error: {e}") from None
@@ -118,7 +124,8 @@ def _collect_lines(node: yaml.Node, path: tuple[str, ...], out: dict[tuple[str, 
 
 
 def read_yaml_file(path: Path) -> tuple[Any, dict[tuple[str, ...], int]]:
-    """``parse_yaml`` of a file of at most ``MAX_CONFIG_BYTES`` bytes of UTF-8; every problem is a ConfigError."""
+    """``parse_yaml`` of a file of at most ``MAX_CONFIG_BYTES`` bytes of UTF-8; every problem is a
+    ConfigError."""
     source = str(path)
     if not path.exists():
         raise ConfigError(f"{source}: config file not found")

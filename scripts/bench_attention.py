@@ -166,7 +166,8 @@ def report(
     for kernel in results:
         for n in lengths:
             print(
-                f"{kernel:<8}{n:>6}{fmt(get(kernel, n, 'ms'), '.2f'):>11}{fmt(ratio(kernel, n, 'ms'), '.3f'):>8}"
+                f"{kernel:<8}{n:>6}{fmt(get(kernel, n, 'ms'), '.2f'):>11}"
+                f"{fmt(ratio(kernel, n, 'ms'), '.3f'):>8}"
                 f"{fmt(get(kernel, n, 'mib'), '.1f'):>11}{fmt(ratio(kernel, n, 'mib'), '.3f'):>8}"
             )
     exponents = {

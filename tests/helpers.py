@@ -76,15 +76,17 @@ def run_attnmt(*args: str, cwd: Path = REPO, timeout: float = 60) -> subprocess.
 
 # ------------------------------------------------------------------------------------- tiny training
 
-# The smallest config that still trains like the real ones (docs/RELIABILITY.md, "How to test kill -9"): the
+# The smallest config that still trains like the real ones (docs/RELIABILITY.md, "How it is tested"): the
 # toy task, a joint 64-piece tokenizer, one layer each side, dropout 0.3 so that the step RNG matters.
 TINY_MODELS = {
-    "transformer": {"arch": "transformer", "d_model": 16, "n_heads": 2, "enc_layers": 1, "dec_layers": 1, "d_ff": 32, "dropout": 0.3},
-    "lstm": {"arch": "lstm", "emb_dim": 16, "hidden_size": 16, "attn_dim": 16, "enc_layers": 1, "dec_layers": 1, "dropout": 0.3},
+    "transformer": {"arch": "transformer", "d_model": 16, "n_heads": 2, "enc_layers": 1, "dec_layers": 1,
+                    "d_ff": 32, "dropout": 0.3},
+    "lstm": {"arch": "lstm", "emb_dim": 16, "hidden_size": 16, "attn_dim": 16, "enc_layers": 1,
+             "dec_layers": 1, "dropout": 0.3},
 }
 TINY_TRAIN = {
-    "device": "cpu", "deterministic": True, "lr": 1.0e-2, "warmup_steps": 5, "max_tokens": 200, "max_steps": 30,
-    "log_every": 1, "eval_every": 10, "save_every": 7, "keep_last": 2, "keep_best": 1,
+    "device": "cpu", "deterministic": True, "lr": 1.0e-2, "warmup_steps": 5, "max_tokens": 200,
+    "max_steps": 30, "log_every": 1, "eval_every": 10, "save_every": 7, "keep_last": 2, "keep_best": 1,
 }  # fmt: skip
 # Fields of a "train" record that depend on the clock, not on the computation.
 TIMING_KEYS = {"tokens_per_s", "elapsed_s"}
@@ -93,7 +95,8 @@ TIMING_KEYS = {"tokens_per_s", "elapsed_s"}
 def write_tiny_config(path: Path, arch: str = "transformer") -> Path:
     """The tiny config as a YAML (JSON) file; tests vary it with ``--set``."""
     config = {
-        "data": {"src_lang": "en", "tgt_lang": "de", "train": {"format": "toy", "split": "train", "size": 200},
+        "data": {"src_lang": "en", "tgt_lang": "de",
+                 "train": {"format": "toy", "split": "train", "size": 200},
                  "dev": {"format": "toy", "split": "dev", "size": 20}},
         "tokenizer": {"vocab_size": 64},
         "model": TINY_MODELS[arch],
@@ -126,7 +129,8 @@ def train_command(config: Path, run_dir: Path, *sets: str, fault: str | None = N
     return [sys.executable, "-m", *args]
 
 
-def train_cli(config: Path, run_dir: Path, *sets: str, fault: str | None = None, timeout: float = 120, **popen):
+def train_cli(config: Path, run_dir: Path, *sets: str, fault: str | None = None, timeout: float = 120,
+              **popen):
     """Run ``attnmt train`` in a subprocess and wait for it."""
     return subprocess.run(
         train_command(config, run_dir, *sets, fault=fault),

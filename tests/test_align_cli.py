@@ -31,8 +31,10 @@ BASE = {
     "decode": {"beam_size": 1},
 }  # fmt: skip
 MODELS = {
-    "lstm": {"arch": "lstm", "emb_dim": 32, "hidden_size": 32, "attn_dim": 32, "enc_layers": 1, "dec_layers": 1, "dropout": 0.0},
-    "transformer": {"arch": "transformer", "d_model": 16, "n_heads": 2, "enc_layers": 1, "dec_layers": 2, "d_ff": 32, "dropout": 0.0},
+    "lstm": {"arch": "lstm", "emb_dim": 32, "hidden_size": 32, "attn_dim": 32, "enc_layers": 1,
+             "dec_layers": 1, "dropout": 0.0},
+    "transformer": {"arch": "transformer", "d_model": 16, "n_heads": 2, "enc_layers": 1, "dec_layers": 2,
+                    "d_ff": 32, "dropout": 0.0},
 }
 # The Transformer only needs its shape: a few steps, a validation (with heatmaps) every 2.
 TRANSFORMER_SETS = ["train.max_steps=4", "train.eval_every=2", "train.plot_every=1", "train.save_every=4"]
@@ -61,7 +63,8 @@ def toy(tmp_path_factory):
         assert result.exit_code == 0, result.output
         runs[arch] = run
     data = root / "toy"
-    assert invoke("toy-data", data, "--train-size", 1, "--dev-size", 1, "--test-size", TOY_TEST).exit_code == 0
+    assert invoke("toy-data", data, "--train-size", 1, "--dev-size", 1,
+                  "--test-size", TOY_TEST).exit_code == 0
     return runs, {suffix: data / f"test.{suffix}" for suffix in ("en", "de", "align")}
 
 
@@ -75,16 +78,19 @@ def lines(path) -> list[str]:
 def test_plot_transformer_writes_every_layer_kind_and_the_chosen_head(toy, tmp_path):
     runs, _ = toy
     out = tmp_path / "maps"
-    result = invoke("plot", runs["transformer"], "tuesday , march 14th , 2019", "may 1st 2001", "--out", out, "--self")
+    result = invoke("plot", runs["transformer"], "tuesday , march 14th , 2019", "may 1st 2001",
+                    "--out", out, "--self")
     assert result.exit_code == 0, result.output
     expected = {f"{n:04d}_{kind}_layer{layer}.png" for n in (1, 2) for kind, layers in
-                (("cross", (1, 2)), ("dec_self", (1, 2)), ("enc_self", (1,))) for layer in layers}  # fmt: skip
+                (("cross", (1, 2)), ("dec_self", (1, 2)), ("enc_self", (1,)))
+                for layer in layers}  # fmt: skip
     assert {p.name for p in out.iterdir()} == expected
     with Image.open(out / "0001_cross_layer2.png") as image:
         assert image.width > 200 and image.height > 100
 
     out = tmp_path / "one"
-    result = invoke("plot", runs["transformer"], "may 1st 2001", "--out", out, "--layer", 2, "--head", 1, "--format", "pdf", "--words")
+    result = invoke("plot", runs["transformer"], "may 1st 2001", "--out", out, "--layer", 2, "--head", 1,
+                    "--format", "pdf", "--words")
     assert result.exit_code == 0, result.output
     assert [p.name for p in out.iterdir()] == ["0001_cross_layer2_head1.pdf"]
 
@@ -94,7 +100,8 @@ def test_plot_lstm_reads_a_file_skips_empty_lines_and_stops_at_limit(toy, tmp_pa
     source = tmp_path / "in.en"
     source.write_text("march 14th 2019\n\nfriday the 1st of may 2001\nnovember 19th 1982\n", encoding="utf-8")
     out = tmp_path / "maps"
-    result = invoke("plot", runs["lstm"], "--input", source, "--limit", 3, "--out", out, "--format", "svg", "--dpi", 50)
+    result = invoke("plot", runs["lstm"], "--input", source, "--limit", 3, "--out", out,
+                    "--format", "svg", "--dpi", 50)
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in out.iterdir()) == ["0001_cross_layer1.svg", "0003_cross_layer1.svg"]
 
@@ -126,7 +133,8 @@ def test_a_failing_plot_never_stops_training(toy, tmp_path, monkeypatch, caplog)
     for part in ("data", "tokenizer"):
         shutil.copytree(runs["lstm"] / part, run / part)
     shutil.copy(runs["lstm"] / "config.yaml", run / "config.yaml")
-    sets = [x for item in ("train.max_steps=2", "train.eval_every=1", "train.plot_every=1") for x in ("--set", item)]
+    sets = [x for item in ("train.max_steps=2", "train.eval_every=1", "train.plot_every=1")
+            for x in ("--set", item)]
     with caplog.at_level(logging.WARNING, logger="attnmt.validation"):
         result = invoke("train", runs["transformer"].parent / "transformer.yaml", "--run-dir", run, *sets)
     assert result.exit_code == 0, result.output
@@ -150,7 +158,8 @@ def test_align_own_translations_one_line_per_pair_with_valid_indices(toy, tmp_pa
         assert all(0 <= i < len(src.split()) and 0 <= j < len(tgt.split()) for i, j in pairs)
     one_based = invoke("align", runs["lstm"], "--src", files["en"], "--tgt", hyps, "--one-based")
     assert one_based.exit_code == 0, one_based.output
-    shifted = [" ".join(f"{int(i) + 1}-{int(j) + 1}" for i, j in (x.split("-") for x in line.split())) for line in links]
+    shifted = [" ".join(f"{int(i) + 1}-{int(j) + 1}" for i, j in (x.split("-") for x in line.split()))
+               for line in links]
     assert one_based.stdout.splitlines() == shifted
 
 
@@ -168,7 +177,8 @@ def diagonal_aer(files) -> float:
 
 def test_trained_lstm_aligns_better_than_the_diagonal(toy):
     runs, files = toy
-    result = invoke("align", runs["lstm"], "--src", files["en"], "--tgt", files["de"], "--gold", files["align"], "--json")
+    result = invoke("align", runs["lstm"], "--src", files["en"], "--tgt", files["de"],
+                    "--gold", files["align"], "--json")
     assert result.exit_code == 0, result.output
     score = json.loads(result.stdout)
     baseline = diagonal_aer(files)
@@ -176,13 +186,13 @@ def test_trained_lstm_aligns_better_than_the_diagonal(toy):
     assert score["aer"] < baseline - 0.05
     assert score["sentences"] == TOY_TEST and 0 < score["precision"] <= 1 and 0 < score["recall"] <= 1
 
-    table = invoke("align", runs["lstm"], "--src", files["en"], "--tgt", files["de"], "--gold", files["align"],
-                   "--method", "threshold", "--threshold", "0.4")  # fmt: skip
+    table = invoke("align", runs["lstm"], "--src", files["en"], "--tgt", files["de"],
+                   "--gold", files["align"], "--method", "threshold", "--threshold", "0.4")  # fmt: skip
     assert table.exit_code == 0, table.output
     assert "AER" in table.stdout and "recall" in table.stdout
 
-    transformer = invoke("align", runs["transformer"], "--src", files["en"], "--tgt", files["de"], "--gold", files["align"],
-                         "--layer", "avg", "--json")  # fmt: skip
+    transformer = invoke("align", runs["transformer"], "--src", files["en"], "--tgt", files["de"],
+                         "--gold", files["align"], "--layer", "avg", "--json")  # fmt: skip
     assert transformer.exit_code == 0, transformer.output
     assert 0 <= json.loads(transformer.stdout)["aer"] <= 1
 

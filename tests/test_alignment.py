@@ -25,7 +25,8 @@ def test_word_groups_follow_the_word_start_marks():
     assert alignment.word_groups(SRC) == [[0, 1], [2], [3], [4, 5], [6]]
     assert alignment.word_labels(SRC, alignment.word_groups(SRC)) == ["tuesday", ",", "march", "14th", "</s>"]
     assert alignment.word_groups(["<s>", "▁", "2019", "▁x"]) == [[0], [1, 2], [3]]
-    assert alignment.word_groups(["ab", "▁c"]) == [[0], [1]]  # a first piece without the mark still starts a word
+    # a first piece without the mark still starts a word
+    assert alignment.word_groups(["ab", "▁c"]) == [[0], [1]]
 
 
 def test_merge_words_sums_source_pieces_and_averages_target_pieces():
@@ -34,7 +35,9 @@ def test_merge_words_sums_source_pieces_and_averages_target_pieces():
     merged, row_words, col_words = alignment.merge_words(w, rows, SRC)
     assert row_words == ["dienstag", ",", "</s>"] and col_words == ["tuesday", ",", "march", "14th", "</s>"]
     expected_cols = np.stack([w[:, 0] + w[:, 1], w[:, 2], w[:, 3], w[:, 4] + w[:, 5], w[:, 6]], axis=1)
-    np.testing.assert_allclose(merged, np.stack([expected_cols[:2].mean(0), expected_cols[2], expected_cols[3]]))
+    np.testing.assert_allclose(
+        merged, np.stack([expected_cols[:2].mean(0), expected_cols[2], expected_cols[3]])
+    )
     np.testing.assert_allclose(merged.sum(1), 1.0)  # still a distribution per target word
 
 

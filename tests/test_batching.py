@@ -36,7 +36,8 @@ def test_collate_content():
         assert batch.src_mask[i].tolist() == [True] * (len(s) + 1) + [False] * (6 - len(s) - 1)
         assert batch.tgt_mask[i].tolist() == [True] * (len(t) + 1) + [False] * (5 - len(t) - 1)
     # teacher forcing: the decoder input is the output shifted right by one
-    assert torch.equal(batch.tgt_in[:, 1:][batch.tgt_mask[:, 1:]], batch.tgt_out[:, :-1][batch.tgt_mask[:, 1:]])
+    assert torch.equal(batch.tgt_in[:, 1:][batch.tgt_mask[:, 1:]],
+                       batch.tgt_out[:, :-1][batch.tgt_mask[:, 1:]])
     assert torch.equal(batch.src_mask, batch.src != PAD_ID)
     assert torch.equal(batch.tgt_mask, batch.tgt_out != PAD_ID)
 
@@ -135,7 +136,8 @@ def test_unshuffled_batches_do_not_depend_on_the_epoch():
 @pytest.mark.parametrize("replicas", [2, 3])
 def test_ranks_share_an_epoch_without_overlap(seed, replicas):
     lengths, max_tokens = random_lengths(seed)
-    samplers = [TokenBatchSampler(lengths, max_tokens, seed=seed, num_replicas=replicas, rank=r) for r in range(replicas)]
+    samplers = [TokenBatchSampler(lengths, max_tokens, seed=seed, num_replicas=replicas, rank=r)
+                for r in range(replicas)]
     for epoch in (0, 1):
         global_batches = samplers[0].global_batches(epoch)
         assert len(global_batches) % replicas == 0
@@ -157,7 +159,8 @@ def test_multiple_of_is_respected(replicas, multiple_of):
     for seed in SEEDS[:3]:
         lengths, max_tokens = random_lengths(seed)
         for r in range(replicas):
-            sampler = TokenBatchSampler(lengths, max_tokens, seed=seed, num_replicas=replicas, rank=r, multiple_of=multiple_of)
+            sampler = TokenBatchSampler(lengths, max_tokens, seed=seed, num_replicas=replicas, rank=r,
+                                        multiple_of=multiple_of)
             assert len(sampler.global_batches(0)) % (replicas * multiple_of) == 0
             assert len(sampler.batches(0)) % multiple_of == 0
             assert sorted(i for b in sampler.global_batches(0) for i in b) == list(range(len(lengths)))
@@ -166,7 +169,8 @@ def test_multiple_of_is_respected(replicas, multiple_of):
 def test_one_rank_with_accumulation_sees_what_two_ranks_see():
     lengths, max_tokens = random_lengths(7)
     single = TokenBatchSampler(lengths, max_tokens, seed=7, multiple_of=2).batches(0)
-    ranks = [TokenBatchSampler(lengths, max_tokens, seed=7, num_replicas=2, rank=r).batches(0) for r in (0, 1)]
+    ranks = [TokenBatchSampler(lengths, max_tokens, seed=7, num_replicas=2, rank=r).batches(0)
+             for r in (0, 1)]
     assert single[0::2] == ranks[0] and single[1::2] == ranks[1]
 
 
@@ -184,7 +188,8 @@ def test_resume_from_any_batch(replicas, rank):
 
 @pytest.mark.parametrize("n, replicas, multiple_of", [(0, 1, 1), (2, 3, 1), (3, 2, 2), (5, 1, 8)])
 def test_too_few_examples_for_the_ranks(n, replicas, multiple_of):
-    with pytest.raises(DataError, match=rf"epoch has 0 steps: {n} examples cannot fill {replicas} rank\(s\) x {multiple_of}"):
+    with pytest.raises(DataError, match=rf"epoch has 0 steps: {n} examples cannot fill "
+                                        rf"{replicas} rank\(s\) x {multiple_of}"):
         TokenBatchSampler([5] * n, 100, num_replicas=replicas, multiple_of=multiple_of)
 
 

@@ -64,7 +64,8 @@ def test_real_checkpoint_loads_with_plain_weights_only(run_copy):
     assert all(isinstance(t, torch.Tensor) and torch.isfinite(t).all() for t in payload["model"].values())
     assert {"model_sha256", "dynamics", "tokenizer", "data_sha256"} <= set(payload["fingerprint"])
     assert payload["fingerprint"]["dynamics"]["world_size"] == 1
-    assert load_checkpoint(path, read_pointer(run_copy, "latest")["sha256"])["progress"] == payload["progress"]
+    assert (load_checkpoint(path, read_pointer(run_copy, "latest")["sha256"])["progress"]
+            == payload["progress"])
 
 
 def test_checkpoint_with_a_torch_version_object_still_loads(run_copy, tmp_path):
@@ -134,13 +135,15 @@ def test_unreadable_latest_json_falls_back_to_the_newest_step_file(run_copy, dam
         pointer.unlink()
     path, payload = latest_checkpoint(run_copy)
     assert path == target and payload["progress"]["step"] == 30
-    assert read_pointer(run_copy, "latest") == {"step": 30, "file": target.name, "sha256": sha256_file(target), "format": FORMAT}
+    assert read_pointer(run_copy, "latest") == {"step": 30, "file": target.name,
+                                                "sha256": sha256_file(target), "format": FORMAT}
 
 
 def test_sha256_mismatch_falls_back_to_the_previous_checkpoint(run_copy, caplog):
     previous = previous_step_file(run_copy)
     pointer = read_pointer(run_copy, "latest")
-    (run_copy.checkpoints / "latest.json").write_text(json.dumps({**pointer, "sha256": "0" * 64}), encoding="utf-8")
+    (run_copy.checkpoints / "latest.json").write_text(json.dumps({**pointer, "sha256": "0" * 64}),
+                                                      encoding="utf-8")
     path, _ = latest_checkpoint(run_copy)
     assert path.name == previous
     assert pointer["file"] in caplog.text and "sha256" in caplog.text
@@ -208,4 +211,5 @@ def test_save_writes_file_and_pointer_atomically(run_copy):
     assert pointer == read_pointer(run_copy, "latest")
     assert pointer["sha256"] == sha256_file(run_copy.checkpoints / step_file(31))
     assert not [p for p in os.listdir(run_copy.checkpoints) if ".tmp-" in p]
-    assert load_checkpoint(run_copy.checkpoints / step_file(31), pointer["sha256"])["progress"] == payload["progress"]
+    assert (load_checkpoint(run_copy.checkpoints / step_file(31), pointer["sha256"])["progress"]
+            == payload["progress"])

@@ -1,4 +1,5 @@
-"""The ``attnmt`` command as a user runs it: ``prepare`` on the toy task, the exit-code contract, quiet imports."""
+"""The ``attnmt`` command as a user runs it: ``prepare`` on the toy task, the exit-code contract, quiet
+imports."""
 
 from __future__ import annotations
 
@@ -43,7 +44,8 @@ def test_prepare_writes_a_complete_run_folder(toy_run):
     assert (run_dir / "config.yaml").is_file()
     assert {p.name for p in (run_dir / "tokenizer").iterdir()} == {"spm.model", "tokenizer.json"}
     assert {p.name for p in (run_dir / "data").iterdir()} == {"train", "dev", "test", "stats.json"}
-    assert [p.name for p in run_dir.iterdir() if p.name.startswith(".")] == [".lock"]  # no leftover tmp folders
+    # no leftover tmp folders
+    assert [p.name for p in run_dir.iterdir() if p.name.startswith(".")] == [".lock"]
 
     tokenizer = load_tokenizer(run_dir / "tokenizer")
     assert tokenizer.joint and tokenizer.src_vocab_size == TOY_VOCAB
@@ -84,7 +86,8 @@ def test_second_prepare_reuses_the_tokenizer(toy_run_copy):
 
 def test_changed_tokenizer_settings_are_refused_and_change_nothing(toy_run_copy):
     before = hash_tree(toy_run_copy)
-    result = invoke("prepare", TOY_CONFIG, "--run-dir", toy_run_copy, *TOY_SET, "--set", "tokenizer.vocab_size=120")
+    result = invoke("prepare", TOY_CONFIG, "--run-dir", toy_run_copy, *TOY_SET,
+                    "--set", "tokenizer.vocab_size=120")
     assert result.exit_code == 2
     line = assert_one_error_line(result.stderr)
     assert f"vocab_size: {TOY_VOCAB} -> 120" in line and "another --run-dir" in line
@@ -121,10 +124,13 @@ def test_prepare_with_sockets_blocked(no_network, tmp_path):
 # ---------------------------------------------------------------------------------- failure contract
 
 BAD_CONFIGS = {
-    "unknown-key": ("data:\n  train: {format: toy, split: train, size: 5}\nmodel:\n  arch: lstm\n  hiden_size: 3\n", 2, "cfg.yaml:5: model.hiden_size: unknown key (did you mean hidden_size?)"),
+    "unknown-key": ("data:\n  train: {format: toy, split: train, size: 5}\n"
+                    "model:\n  arch: lstm\n  hiden_size: 3\n", 2,
+                    "cfg.yaml:5: model.hiden_size: unknown key (did you mean hidden_size?)"),
     "malformed": ("data: [1, 2\nmodel: {}\n", 2, "cfg.yaml:2:6: YAML syntax error"),
     "empty": ("", 2, "config is empty"),
-    "missing-data": ("data:\n  train: {src: data/missing.de, tgt: data/missing.en}\nmodel: {arch: lstm}\n", 3, "/data/missing.de: file not found"),
+    "missing-data": ("data:\n  train: {src: data/missing.de, tgt: data/missing.en}\nmodel: {arch: lstm}\n", 3,
+                     "/data/missing.de: file not found"),
 }
 
 
@@ -174,7 +180,10 @@ def test_bad_config_in_a_subprocess(tmp_path):
     (tmp_path / "cfg.yaml").write_text("data:\n\tsrc_lang: en\n")
     result = run_attnmt("prepare", tmp_path / "cfg.yaml", "--run-dir", tmp_path / "run")
     assert result.returncode == 2
-    assert assert_one_error_line(result.stderr) == f"error: {tmp_path / 'cfg.yaml'}:2:1: YAML syntax error: found character '\\t' that cannot start any token"
+    assert assert_one_error_line(result.stderr) == (
+        f"error: {tmp_path / 'cfg.yaml'}:2:1: YAML syntax error: "
+        "found character '\\t' that cannot start any token"
+    )
     assert not (tmp_path / "run").exists()
 
 
@@ -197,7 +206,8 @@ def test_locked_run_folder_exits_5(toy_run_copy):
 def test_help_lists_every_command():
     result = invoke("--help")
     assert result.exit_code == 0
-    listed = {line.split()[1] for line in result.stdout.splitlines() if line.startswith("│ ") and len(line.split()) > 2}
+    listed = {line.split()[1] for line in result.stdout.splitlines()
+              if line.startswith("│ ") and len(line.split()) > 2}
     assert set(COMMANDS) <= listed
 
 
@@ -231,7 +241,8 @@ print("loaded:", after_import, [m for m in heavy if m in sys.modules])
 
 def test_import_and_help_load_no_heavy_library():
     env = {**os.environ, **OFFLINE_ENV}
-    result = subprocess.run([sys.executable, "-c", IMPORT_CHECK], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    result = subprocess.run([sys.executable, "-c", IMPORT_CHECK], cwd=REPO, env=env, capture_output=True,
+                            text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert "prepare" in result.stdout
     assert result.stdout.strip().splitlines()[-1] == "loaded: [] []"

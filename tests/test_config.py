@@ -149,7 +149,8 @@ def test_missing_required_section(tmp_path):
         ("data", "src_lang: true", "data.src_lang: expected a string, got boolean (quote it: 'true')"),
         ("data", "src_lang: 3", "data.src_lang: expected a string, got integer"),
         ("tokenizer", "joint: yes", "tokenizer.joint: expected true or false, got string 'yes'"),
-        ("tokenizer", "model_type: wordpiece", "tokenizer.model_type: 'wordpiece' is not one of 'bpe' or 'unigram'"),
+        ("tokenizer", "model_type: wordpiece",
+         "tokenizer.model_type: 'wordpiece' is not one of 'bpe' or 'unigram'"),
     ],
 )
 def test_wrong_type_names_line_key_and_types(tmp_path, section, bad_line, expected):
@@ -194,7 +195,9 @@ def test_sexagesimal_stays_a_string(tmp_path):
 
 
 def test_hex_and_zero_are_still_integers(tmp_path):
-    text = BASE.format(arch="transformer").replace("lr: 0.001", "lr: 0.001\n  max_steps: 0x10\n  warmup_steps: 0")
+    text = BASE.format(arch="transformer").replace(
+        "lr: 0.001", "lr: 0.001\n  max_steps: 0x10\n  warmup_steps: 0"
+    )
     cfg = load_text(tmp_path, text)
     assert cfg.train.max_steps == 16 and cfg.train.warmup_steps == 0
 
@@ -291,7 +294,8 @@ def test_oversized_config_is_refused(tmp_path):
         ("model", "dropout: 1.0", "transformer", "model.dropout: must be < 1.0, got 1.0"),
         ("model", "dropout: -0.1", "lstm", "model.dropout: must be >= 0.0, got -0.1"),
         ("tokenizer", "vocab_size: 3", "transformer", "tokenizer.vocab_size: must be >= 8, got 3"),
-        ("tokenizer", "character_coverage: 0", "transformer", "tokenizer.character_coverage: must be > 0.0, got 0"),
+        ("tokenizer", "character_coverage: 0", "transformer",
+         "tokenizer.character_coverage: must be > 0.0, got 0"),
     ],
 )
 def test_out_of_range_values(tmp_path, section, bad_line, arch, expected):
@@ -301,11 +305,15 @@ def test_out_of_range_values(tmp_path, section, bad_line, arch, expected):
 
 def test_beam_size_zero(tmp_path):
     text = BASE.format(arch="transformer").replace("beam_size: 4", "beam_size: 0")
-    assert error_of(tmp_path, text).endswith(f":{line_of(text, 'beam_size')}: decode.beam_size: must be > 0, got 0")
+    assert error_of(tmp_path, text).endswith(
+        f":{line_of(text, 'beam_size')}: decode.beam_size: must be > 0, got 0"
+    )
 
 
 def test_d_model_not_divisible_by_n_heads(tmp_path):
-    text = BASE.format(arch="transformer").replace("  arch: transformer\n", "  arch: transformer\n  d_model: 30\n  n_heads: 4\n")
+    text = BASE.format(arch="transformer").replace(
+        "  arch: transformer\n", "  arch: transformer\n  d_model: 30\n  n_heads: 4\n"
+    )
     message = error_of(tmp_path, text)
     assert f":{line_of(text, 'model:')}: model: d_model (30) must be divisible by n_heads (4)" in message
 
@@ -322,7 +330,8 @@ def test_set_overrides_are_applied_and_typed(tmp_path):
     cfg = load_text(
         tmp_path,
         BASE.format(arch="transformer"),
-        ["train.lr=3e-4", "data.src_lang=no", "model.n_heads=8", "data.train.size=7", "decode.nbest=2", "train.compile=true"],
+        ["train.lr=3e-4", "data.src_lang=no", "model.n_heads=8", "data.train.size=7", "decode.nbest=2",
+         "train.compile=true"],
     )
     assert cfg.train.lr == pytest.approx(3e-4)
     assert cfg.data.src_lang == "no"
@@ -378,11 +387,14 @@ def test_set_does_not_touch_the_file(tmp_path):
 
 def test_relative_paths_resolve_against_the_config_folder(tmp_path, monkeypatch):
     text = BASE.format(arch="transformer").replace(
-        "    format: toy\n    split: train\n    size: 10\n", "    src: data/train.de\n    tgt: ../shared/train.en\n"
+        "    format: toy\n    split: train\n    size: 10\n",
+        "    src: data/train.de\n    tgt: ../shared/train.en\n"
     )
     text = text.replace("tokenizer:\n", "tokenizer:\n  src_model: spm/model.bin\n")
     text = text.replace(
-        "model:\n", "  dev: {format: hf, name: json, data_files: [a.jsonl, /abs/b.jsonl], src_field: x, tgt_field: y}\nmodel:\n"
+        "model:\n",
+        "  dev: {format: hf, name: json, data_files: [a.jsonl, /abs/b.jsonl], src_field: x, tgt_field: y}\n"
+        "model:\n"
     )
     text = text.replace("train:\n  lr", "train:\n  run_dir: ../runs/x\n  lr")
     path = write(tmp_path, text, "configs/cfg.yaml")

@@ -58,7 +58,8 @@ def test_last_line_without_newline_counts(tmp_path):
 
 def test_tsv(tmp_path):
     path = tmp_path / "train.tsv"
-    path.write_text("".join(f"{d}\t{e}\tnote {i}\n" for i, (d, e) in enumerate(zip(DE, EN))) + "\n", encoding="utf-8")
+    path.write_text("".join(f"{d}\t{e}\tnote {i}\n" for i, (d, e) in enumerate(zip(DE, EN))) + "\n",
+                    encoding="utf-8")
     corpus = read_corpus(TsvSource(format="tsv", path=path), "train")
     assert corpus.src == DE and corpus.tgt == EN
     assert corpus.read == 4 and corpus.dropped == {"empty": 1}
@@ -69,15 +70,18 @@ def test_tsv(tmp_path):
 def test_tsv_with_too_few_columns(tmp_path):
     path = tmp_path / "train.tsv"
     path.write_text("a\tb\nonly one column\n", encoding="utf-8")
-    with pytest.raises(DataError, match=rf"^{re.escape(str(path))}:2: expected at least 2 tab-separated columns, found 1$"):
+    with pytest.raises(DataError, match=rf"^{re.escape(str(path))}:2: "
+                                        r"expected at least 2 tab-separated columns, found 1$"):
         read_corpus(TsvSource(format="tsv", path=path), "train")
 
 
 def test_jsonl_flat_and_nested(tmp_path):
     path = tmp_path / "train.jsonl"
-    records = [{"translation": {"de": d, "en": e}, "de": d, "en": e, "id": i} for i, (d, e) in enumerate(zip(DE, EN))]
+    records = [{"translation": {"de": d, "en": e}, "de": d, "en": e, "id": i}
+               for i, (d, e) in enumerate(zip(DE, EN))]
     path.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in records) + "\n\n", encoding="utf-8")
-    nested = read_corpus(JsonlSource(format="jsonl", path=path, src_field="translation.de", tgt_field="translation.en"), "train")
+    nested = read_corpus(JsonlSource(format="jsonl", path=path, src_field="translation.de",
+                                     tgt_field="translation.en"), "train")
     flat = read_corpus(JsonlSource(format="jsonl", path=path, src_field="de", tgt_field="en"), "train")
     assert nested.src == flat.src == DE and nested.tgt == flat.tgt == EN
 
@@ -92,7 +96,8 @@ def test_jsonl_null_field_counts_as_empty(tmp_path):
 @pytest.mark.parametrize(
     "content, field, expected",
     [
-        ('{"translation": {"de": "a", "en": "b"}}\n', "translation.fr", r":1: no field 'translation.fr' \(keys here: de, en\)"),
+        ('{"translation": {"de": "a", "en": "b"}}\n', "translation.fr",
+         r":1: no field 'translation.fr' \(keys here: de, en\)"),
         ('{"de": "a", "en": "b"}\n{"de": 3, "en": "b"}\n', "de", r":2: field 'de' is a int, not a string"),
         ('{"de": "a", "en": "b"}\n{"de": "a",\n', "de", r":2: invalid JSON: .* at column"),
     ],
@@ -102,19 +107,24 @@ def test_jsonl_errors_name_file_and_line(tmp_path, content, field, expected):
     path = tmp_path / "train.jsonl"
     path.write_text(content, encoding="utf-8")
     with pytest.raises(DataError, match=re.escape(str(path)) + expected):
-        read_corpus(JsonlSource(format="jsonl", path=path, src_field=field, tgt_field="translation.en" if "." in field else "en"), "train")
+        read_corpus(JsonlSource(format="jsonl", path=path, src_field=field,
+                                tgt_field="translation.en" if "." in field else "en"), "train")
 
 
 def test_hf_json_builder_with_local_files(tmp_path):
     nested = tmp_path / "nested.jsonl"
-    nested.write_text("".join(json.dumps({"translation": {"de": d, "en": e}}) + "\n" for d, e in zip(DE, EN)), encoding="utf-8")
+    nested.write_text("".join(json.dumps({"translation": {"de": d, "en": e}}) + "\n" for d, e in zip(DE, EN)),
+                      encoding="utf-8")
     flat = tmp_path / "flat.jsonl"
-    flat.write_text("".join(json.dumps({"de": d, "en": e}) + "\n" for d, e in zip(DE[:2], EN[:2])), encoding="utf-8")
+    flat.write_text("".join(json.dumps({"de": d, "en": e}) + "\n" for d, e in zip(DE[:2], EN[:2])),
+                    encoding="utf-8")
     corpus = read_corpus(
-        HfSource(format="hf", name="json", data_files=nested, src_field="translation.de", tgt_field="translation.en"), "train"
+        HfSource(format="hf", name="json", data_files=nested, src_field="translation.de",
+                 tgt_field="translation.en"), "train"
     )
     assert corpus.src == DE and corpus.tgt == EN
-    both = read_corpus(HfSource(format="hf", name="json", data_files=[flat, flat], src_field="de", tgt_field="en"), "dev")
+    both = read_corpus(HfSource(format="hf", name="json", data_files=[flat, flat], src_field="de",
+                                tgt_field="en"), "dev")
     assert both.src == DE[:2] * 2 and both.tgt == EN[:2] * 2
 
 
@@ -125,14 +135,16 @@ def test_hf_json_builder_with_local_files(tmp_path):
         ({"src_field": "source"}, r"has no field 'source' \(fields: translation\)"),
         ({"src_field": "translation.fr"}, r"no field 'translation\.fr' \(keys here: de, en\)"),
         ({"data_files": "missing.jsonl"}, r"missing\.jsonl: file not found"),
-        ({"name": "nobody/no-such-dataset", "data_files": None}, r"cannot load Hugging Face dataset 'nobody/no-such-dataset' \(offline"),
+        ({"name": "nobody/no-such-dataset", "data_files": None},
+         r"cannot load Hugging Face dataset 'nobody/no-such-dataset' \(offline"),
     ],
     ids=["unknown-split", "unknown-field", "unknown-nested-key", "missing-file", "hub-offline"],
 )
 def test_hf_errors(tmp_path, no_network, change, expected):
     path = tmp_path / "nested.jsonl"
     path.write_text(json.dumps({"translation": {"de": "a", "en": "b"}}) + "\n", encoding="utf-8")
-    fields = {"format": "hf", "name": "json", "data_files": path, "src_field": "translation.de", "tgt_field": "translation.en"}
+    fields = {"format": "hf", "name": "json", "data_files": path, "src_field": "translation.de",
+              "tgt_field": "translation.en"}
     fields.update(change)
     if isinstance(fields["data_files"], str):
         fields["data_files"] = tmp_path / fields["data_files"]
@@ -173,7 +185,8 @@ def test_missing_file(tmp_path):
 def test_directory_instead_of_file(tmp_path):
     (tmp_path / "train.de").mkdir()
     (tmp_path / "train.en").write_text("x\n")
-    with pytest.raises(DataError, match=rf"^{re.escape(str(tmp_path / 'train.de'))}: is a directory, not a file$"):
+    with pytest.raises(DataError,
+                       match=rf"^{re.escape(str(tmp_path / 'train.de'))}: is a directory, not a file$"):
         read_corpus(TextSource(src=tmp_path / "train.de", tgt=tmp_path / "train.en"), "train")
 
 
@@ -192,10 +205,12 @@ def test_empty_corpus(tmp_path):
 def test_nothing_left_after_cleaning_stops_prepare(tmp_path):
     source = write_pair(tmp_path, "\n \n\x00\n", "a\n\n\n")
     cfg = config_from_dict(
-        {"data": {"train": {"src": str(source.src), "tgt": str(source.tgt)}}, "model": {"arch": "lstm"}}, base_dir=tmp_path
+        {"data": {"train": {"src": str(source.src), "tgt": str(source.tgt)}}, "model": {"arch": "lstm"}},
+        base_dir=tmp_path
     )
     run = RunDir(tmp_path / "run")
-    with pytest.raises(DataError, match=r"^train: no training pairs left after cleaning \(1 empty source, 2 empty\)$"):
+    with pytest.raises(DataError,
+                       match=r"^train: no training pairs left after cleaning \(1 empty source, 2 empty\)$"):
         prepare(cfg, run)
     assert not (run.root / "tokenizer").exists()
 
@@ -295,9 +310,11 @@ def test_toy_is_deterministic():
 
 
 def test_toy_splits_are_disjoint_and_distinct():
-    splits = {name: {src for src, _, _ in toy_pairs(name, size)} for name, size in (("train", 400), ("dev", 60), ("test", 60))}
+    splits = {name: {src for src, _, _ in toy_pairs(name, size)}
+              for name, size in (("train", 400), ("dev", 60), ("test", 60))}
     assert [len(s) for s in splits.values()] == [400, 60, 60]  # no duplicates inside a split
-    assert not splits["train"] & splits["dev"] and not splits["train"] & splits["test"] and not splits["dev"] & splits["test"]
+    assert (not splits["train"] & splits["dev"] and not splits["train"] & splits["test"]
+            and not splits["dev"] & splits["test"])
     assert all(toy_split_of(src) == name for name, sources in splits.items() for src in sources)
 
 

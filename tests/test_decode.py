@@ -20,8 +20,10 @@ from attnmt.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 V = 10
 CONFIGS = {
-    "transformer": TransformerConfig(arch="transformer", d_model=16, n_heads=2, enc_layers=1, dec_layers=1, d_ff=32, dropout=0.0),
-    "lstm": LSTMConfig(arch="lstm", emb_dim=8, hidden_size=8, enc_layers=1, dec_layers=1, attn_dim=8, dropout=0.0),
+    "transformer": TransformerConfig(arch="transformer", d_model=16, n_heads=2, enc_layers=1, dec_layers=1,
+                                     d_ff=32, dropout=0.0),
+    "lstm": LSTMConfig(arch="lstm", emb_dim=8, hidden_size=8, enc_layers=1, dec_layers=1, attn_dim=8,
+                       dropout=0.0),
 }
 every_model = pytest.mark.parametrize("name", list(CONFIGS))
 
@@ -69,7 +71,8 @@ class Uncached:
 
     def step(self, tokens, state, need_attention=False):
         prefix = torch.cat([state["prefix"], tokens[:, None]], dim=1)  # (B, t + 1)
-        out = self.model(SimpleNamespace(src=state["src"], src_mask=state["src_mask"], tgt_in=prefix), need_attention)
+        out = self.model(SimpleNamespace(src=state["src"], src_mask=state["src_mask"], tgt_in=prefix),
+                         need_attention)
         attn = out.attention["cross"][-1][:, :, -1].mean(1) if need_attention else None  # (B, S)
         return out.logits[:, -1], {**state, "prefix": prefix}, attn
 
@@ -155,7 +158,8 @@ def test_full_width_beam_equals_exhaustive_search(name, alpha):
     model = Biased(base, bias)
     oracle = Biased(Uncached(base) if name == "transformer" else base, bias)
     batch = collate(sentences([4, 2], seed=3, vocab=vocab))
-    results = beam_search(model, batch.src, batch.src_mask, beam_size=vocab, nbest=vocab, length_penalty=alpha, max_len_a=0, max_len_b=3)
+    results = beam_search(model, batch.src, batch.src_mask, beam_size=vocab, nbest=vocab,
+                          length_penalty=alpha, max_len_a=0, max_len_b=3)
     for i, hyps in enumerate(results):
         expected = exhaustive(oracle, batch.src[i : i + 1], batch.src_mask[i : i + 1], vocab, 3, alpha, vocab)
         assert_same(hyps, expected)
@@ -182,7 +186,8 @@ def test_hand_made_distribution_and_the_stopping_bound(alpha):
     batch = collate([[4, 5]])
     kw = dict(max_len_a=0, max_len_b=3)
     for beam_size in (1, 2, 6):
-        (hyps,) = beam_search(model, batch.src, batch.src_mask, beam_size=beam_size, nbest=1, length_penalty=alpha, **kw)
+        (hyps,) = beam_search(model, batch.src, batch.src_mask, beam_size=beam_size, nbest=1,
+                              length_penalty=alpha, **kw)
         assert_same(hyps, exhaustive(model, batch.src, batch.src_mask, 6, 3, alpha, 1), atol=1e-12)
     assert hyps[0].tokens == ([4, 4, 4] if alpha == 2.0 else [])
     if alpha == 0.0:
@@ -221,7 +226,8 @@ def test_batch_size_and_order_change_nothing(name, eos_bias):
             for h, a in zip(other, alone):
                 torch.testing.assert_close(h.attention[:, :n], a.attention, atol=1e-10, rtol=0)
                 assert not h.attention[:, n:].any()
-    at_limit = [len(h[0].tokens) == n for h, n in zip(together, max_output_lengths(batch.src_mask, 1.0, 2).tolist())]
+    at_limit = [len(h[0].tokens) == n
+                for h, n in zip(together, max_output_lengths(batch.src_mask, 1.0, 2).tolist())]
     assert 10 < sum(at_limit) < 54
 
 
@@ -248,9 +254,11 @@ def test_min_len_and_forced_eos_at_the_limit(name):
     batch = collate(sentences([1, 4, 7], seed=9))
     limits = max_output_lengths(batch.src_mask, 0.5, 2).tolist()  # [2, 4, 5]
     eager = Biased(make_model(name), torch.tensor([0.0] * EOS_ID + [8.0] + [0.0] * (V - EOS_ID - 1)))
-    for hyps in beam_search(eager, batch.src, batch.src_mask, beam_size=3, nbest=3, max_len_a=0.5, max_len_b=2):
+    for hyps in beam_search(eager, batch.src, batch.src_mask, beam_size=3, nbest=3, max_len_a=0.5,
+                            max_len_b=2):
         assert min(len(h.tokens) for h in hyps) == 0  # without min_len it would stop at once
-    for hyps in beam_search(eager, batch.src, batch.src_mask, beam_size=3, nbest=3, max_len_a=0.5, max_len_b=2, min_len=2):
+    for hyps in beam_search(eager, batch.src, batch.src_mask, beam_size=3, nbest=3, max_len_a=0.5,
+                            max_len_b=2, min_len=2):
         assert min(len(h.tokens) for h in hyps) == 2
     never = Biased(make_model(name), torch.tensor([0.0] * EOS_ID + [-50.0] + [0.0] * (V - EOS_ID - 1)))
     results = beam_search(never, batch.src, batch.src_mask, beam_size=3, nbest=3, max_len_a=0.5, max_len_b=2)
@@ -263,7 +271,8 @@ def test_the_limit_wins_over_min_len():
     batch = collate([[4, 5]])
     for hyp in (
         greedy_search(Table(TABLE), batch.src, batch.src_mask, max_len_a=0, max_len_b=1, min_len=3)[0],
-        beam_search(Table(TABLE), batch.src, batch.src_mask, beam_size=2, max_len_a=0, max_len_b=1, min_len=3)[0][0],
+        beam_search(Table(TABLE), batch.src, batch.src_mask, beam_size=2, max_len_a=0, max_len_b=1,
+                    min_len=3)[0][0],
     ):
         assert hyp.tokens == [4] and hyp.score == pytest.approx(math.log(0.39 * 0.01))
 
@@ -273,7 +282,8 @@ def test_fewer_hypotheses_only_when_fewer_exist():
     are all the hypotheses there are."""
     model = make_model("lstm")
     batch = collate([[4, 5]])
-    (hyps,) = beam_search(model, batch.src, batch.src_mask, beam_size=V, nbest=V, max_len_a=0, max_len_b=1, min_len=1)
+    (hyps,) = beam_search(model, batch.src, batch.src_mask, beam_size=V, nbest=V, max_len_a=0, max_len_b=1,
+                          min_len=1)
     assert sorted(h.tokens[0] for h in hyps) == [v for v in range(V) if v not in (EOS_ID, PAD_ID, BOS_ID)]
 
 
@@ -281,10 +291,12 @@ def test_attention_rows():
     model = make_model("transformer")
     src = sentences([2, 6], seed=10)
     batch = collate(src)
-    for hyps, s in zip(beam_search(model, batch.src, batch.src_mask, beam_size=3, nbest=3, need_attention=True), src):
+    for hyps, s in zip(beam_search(model, batch.src, batch.src_mask, beam_size=3, nbest=3,
+                                   need_attention=True), src):
         for h in hyps:
             assert h.attention.shape == (len(h.tokens) + 1, batch.src.size(1))
-            torch.testing.assert_close(h.attention[:, : len(s) + 1].sum(1), torch.ones(len(h.tokens) + 1, dtype=torch.float64))
+            torch.testing.assert_close(h.attention[:, : len(s) + 1].sum(1),
+                                       torch.ones(len(h.tokens) + 1, dtype=torch.float64))
             assert not h.attention[:, len(s) + 1 :].any()
 
 
@@ -318,4 +330,5 @@ def test_fp32_scores_are_fp32_sums():
     model = build_model(CONFIGS["transformer"], V, V, PAD_ID).eval()
     batch = collate(sentences([3, 5], seed=11))
     for hyps in beam_search(model, batch.src, batch.src_mask, beam_size=4, nbest=4, min_len=2):
-        assert all(math.isfinite(h.score) and float(torch.tensor(h.score, dtype=torch.float32)) == h.score for h in hyps)
+        assert all(math.isfinite(h.score) and float(torch.tensor(h.score, dtype=torch.float32)) == h.score
+                   for h in hyps)

@@ -193,9 +193,10 @@ def test_forward_mode_ad_keeps_its_tangent():
 # ----------------------------------------------------------------------------------- whole models
 
 MODELS = {
-    "transformer": TransformerConfig(arch="transformer", d_model=32, n_heads=4, enc_layers=2, dec_layers=2, d_ff=64),
-    "transformer-gelu-split": TransformerConfig(arch="transformer", d_model=32, n_heads=4, enc_layers=1, dec_layers=1, d_ff=64,
-                                                activation="gelu", heads="split"),
+    "transformer": TransformerConfig(arch="transformer", d_model=32, n_heads=4, enc_layers=2, dec_layers=2,
+                                     d_ff=64),
+    "transformer-gelu-split": TransformerConfig(arch="transformer", d_model=32, n_heads=4, enc_layers=1,
+                                                dec_layers=1, d_ff=64, activation="gelu", heads="split"),
     "lstm": LSTMConfig(arch="lstm", emb_dim=16, hidden_size=16, attn_dim=16, enc_layers=1, dec_layers=1),
 }
 

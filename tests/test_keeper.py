@@ -1,4 +1,5 @@
-"""The best-k and pruning policy: which checkpoints enter the ranking, what best.json says, what is deleted."""
+"""The best-k and pruning policy: which checkpoints enter the ranking, what best.json says, what is
+deleted."""
 
 import json
 
@@ -19,9 +20,11 @@ def test_prune_keeps_the_newest_and_the_best(tmp_path):
     (run.checkpoints / "notes.pt").write_bytes(b"x")
     (run.checkpoints / "step_00000001.pt").symlink_to(tmp_path / "outside.pt")
     (tmp_path / "outside.pt").write_bytes(b"x")
-    best = {"step": 6, "file": step_file(6), "checkpoints": [{"step": 6, "file": step_file(6)}, {"step": 3, "file": step_file(3)}]}
+    best = {"step": 6, "file": step_file(6),
+            "checkpoints": [{"step": 6, "file": step_file(6)}, {"step": 3, "file": step_file(3)}]}
     (run.checkpoints / "best.json").write_text(json.dumps(best), encoding="utf-8")
-    (run.checkpoints / "latest.json").write_text(json.dumps({"step": 15, "file": step_file(15)}), encoding="utf-8")
+    (run.checkpoints / "latest.json").write_text(json.dumps({"step": 15, "file": step_file(15)}),
+                                                 encoding="utf-8")
     CheckpointKeeper(run, keep_last=2, keep_best=2, metric="bleu").prune()
     assert step_files(run) == ["step_00000001.pt", step_file(3), step_file(6), step_file(12), step_file(15)]
     assert (run.checkpoints / "notes.pt").exists() and (tmp_path / "outside.pt").exists()

@@ -264,7 +264,8 @@ def test_decoding_with_gradients_gives_the_teacher_forcing_gradients(name):
             loss = sum((lg * torch.linspace(-1, 1, V, dtype=lg.dtype)).sum() for lg in logits)
         else:
             full = model(batch).logits
-            loss = sum((full[(index if t >= 3 else torch.arange(3)), t] * torch.linspace(-1, 1, V, dtype=full.dtype)).sum()
+            loss = sum((full[(index if t >= 3 else torch.arange(3)), t]
+                        * torch.linspace(-1, 1, V, dtype=full.dtype)).sum()
                        for t in range(batch.tgt_in.size(1)))
         loss.backward()
         grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])

@@ -39,7 +39,8 @@ def test_import_sets_no_state_and_imports_no_model_code():
         "before = dict(matplotlib.rcParams)\n"
         "import attnmt.plot\n"
         "assert dict(matplotlib.rcParams) == before\n"
-        "bad = [m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'attnmt.models', 'attnmt.decode'))]\n"
+        "bad = [m for m in sys.modules if m == 'torch' or "
+        "m.startswith(('torch.', 'attnmt.models', 'attnmt.decode'))]\n"
         "assert not bad, bad\n"
         "assert 'matplotlib.pyplot' not in sys.modules\n"
     )
@@ -73,7 +74,8 @@ def test_png_has_the_expected_pixel_size_and_is_not_blank(tmp_path):
         assert image.size == tuple(round(x * 50) for x in fig.get_size_inches())
         pixels = np.asarray(image.convert("RGB"), dtype=np.float32)
     assert pixels.std() > 10  # not one flat colour
-    assert (pixels.reshape(-1, 3).max(1) - pixels.reshape(-1, 3).min(1)).max() > 50  # colour, not just grey text
+    # colour, not just grey text
+    assert (pixels.reshape(-1, 3).max(1) - pixels.reshape(-1, 3).min(1)).max() > 50
 
 
 def test_figure_size_grows_with_the_sentence_and_is_capped():
@@ -111,14 +113,20 @@ def test_cjk_labels_use_a_cjk_font_when_one_is_installed():
 
 
 def test_sentence_maps_writes_one_file_per_kind_and_layer(tmp_path):
-    attention = {"cross": [weights(2, 3, 4), weights(2, 3, 4, 1)], "enc_self": [weights(2, 4, 4), weights(2, 4, 4, 1)]}
-    labels = {"cross": (["▁a", "▁b", "c", "</s>"], ["▁x", "▁y", "</s>"]), "enc_self": (["▁a", "▁b", "c", "</s>"],) * 2}
+    attention = {"cross": [weights(2, 3, 4), weights(2, 3, 4, 1)],
+                 "enc_self": [weights(2, 4, 4), weights(2, 4, 4, 1)]}
+    labels = {"cross": (["▁a", "▁b", "c", "</s>"], ["▁x", "▁y", "</s>"]),
+              "enc_self": (["▁a", "▁b", "c", "</s>"],) * 2}
     written = plot.sentence_maps(tmp_path, 7, attention, labels)
     assert sorted(p.name for p in written) == [
-        "0007_cross_layer1.png", "0007_cross_layer2.png", "0007_enc_self_layer1.png", "0007_enc_self_layer2.png",
+        "0007_cross_layer1.png", "0007_cross_layer2.png",
+        "0007_enc_self_layer1.png", "0007_enc_self_layer2.png",
     ]  # fmt: skip
-    written = plot.sentence_maps(tmp_path / "one", 1, attention, labels, layers=[1], head=0, words=True, fmt="svg")
-    assert sorted(p.name for p in written) == ["0001_cross_layer2_head1.svg", "0001_enc_self_layer2_head1.svg"]
+    written = plot.sentence_maps(tmp_path / "one", 1, attention, labels, layers=[1], head=0, words=True,
+                                 fmt="svg")
+    assert sorted(p.name for p in written) == [
+        "0001_cross_layer2_head1.svg", "0001_enc_self_layer2_head1.svg"
+    ]
     assert all(p.stat().st_size > 0 for p in written)
     assert not list(tmp_path.glob(".*tmp*"))  # written atomically: no temporary file left
 
@@ -129,7 +137,8 @@ def test_sentence_maps_writes_one_file_per_kind_and_layer(tmp_path):
 def test_curves_from_metrics_and_heatmaps_assembled(tmp_path):
     metrics = tmp_path / "metrics.jsonl"
     records = [{"event": "train", "step": s, "loss": 5 - s / 10} for s in range(1, 30)]
-    records += [{"event": "valid", "step": s, "loss": 4 - s / 20, "bleu": s, "chrf": 2 * s} for s in (10, 20, 30)]
+    records += [{"event": "valid", "step": s, "loss": 4 - s / 20, "bleu": s, "chrf": 2 * s}
+                for s in (10, 20, 30)]
     metrics.write_text("\n".join(map(json.dumps, records)) + "\n{half a line", encoding="utf-8")
     fig = plot.curves_figure(plot.read_metrics(metrics))
     assert [line.get_label() for line in fig.axes[0].get_lines()] == ["train loss", "dev loss"]
@@ -141,7 +150,10 @@ def test_curves_from_metrics_and_heatmaps_assembled(tmp_path):
 
     frames = []
     for k, n in enumerate((3, 5)):  # frames of different sizes
-        frames.append(plot.save_figure(plot.attention_figure(np.eye(n), list("abcde")[:n], list("vwxyz")[:n]), tmp_path / f"{k}.png", dpi=30))
+        frames.append(
+            plot.save_figure(plot.attention_figure(np.eye(n), list("abcde")[:n], list("vwxyz")[:n]),
+                             tmp_path / f"{k}.png", dpi=30)
+        )
     with Image.open(plot.assemble(frames, tmp_path / "anim.gif")) as gif:
         assert gif.n_frames == 2
     sizes = [Image.open(f).size for f in frames]

@@ -27,7 +27,8 @@ from attnmt.tokenizer import (
 )
 
 MIXED_SRC = ["東京は日本の首都です", "我爱你 😀 🎉", "Привет мир, как дела?", "naïve café straße"]
-MIXED_TGT = ["Tokio ist die Hauptstadt Japans", "ich liebe dich 😀 🎉", "hallo welt, wie geht's?", "naive cafe strasse"]
+MIXED_TGT = ["Tokio ist die Hauptstadt Japans", "ich liebe dich 😀 🎉", "hallo welt, wie geht's?",
+             "naive cafe strasse"]
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +37,8 @@ def corpus() -> tuple[list[str], list[str]]:
     return [p[0] for p in pairs] + MIXED_SRC * 3, [p[1] for p in pairs] + MIXED_TGT * 3
 
 
-@pytest.fixture(scope="module", params=[("bpe", True), ("bpe", False), ("unigram", True), ("unigram", False)], ids=lambda p: f"{p[0]}-{'joint' if p[1] else 'separate'}")
+@pytest.fixture(scope="module", params=[("bpe", True), ("bpe", False), ("unigram", True), ("unigram", False)],
+                ids=lambda p: f"{p[0]}-{'joint' if p[1] else 'separate'}")
 def tokenizer(request, corpus) -> Tokenizer:
     model_type, joint = request.param
     return train_tokenizer(*corpus, TokenizerConfig(model_type=model_type, joint=joint, vocab_size=80))
@@ -101,7 +103,8 @@ def test_vocab_too_large_for_the_corpus(model_type):
     with pytest.raises(DataError) as info:
         train_model(["ein kleiner satz", "noch einer", "und ein dritter"] * 3, cfg)
     message = str(info.value)
-    assert message.startswith("tokenizer.vocab_size 1000 is too large for this corpus: Vocabulary size too high (1000). ")
+    assert message.startswith("tokenizer.vocab_size 1000 is too large for this corpus: "
+                              "Vocabulary size too high (1000). ")
     assert "Please set it to a value <= " in message
     assert "hard_vocab_limit: false" in message
 
@@ -118,7 +121,8 @@ def test_vocab_smaller_than_the_alphabet(corpus):
 
 def test_soft_vocab_limit_trains_a_smaller_vocabulary():
     cfg = TokenizerConfig(model_type="unigram", vocab_size=1000, hard_vocab_limit=False)
-    tok = train_tokenizer(["ein kleiner satz", "noch einer"] * 3, ["a small sentence", "another one"] * 3, cfg)
+    tok = train_tokenizer(["ein kleiner satz", "noch einer"] * 3,
+                          ["a small sentence", "another one"] * 3, cfg)
     assert 8 < tok.src_vocab_size < 1000
 
 
@@ -232,11 +236,13 @@ def test_external_model_with_other_special_ids(tmp_path):
 
     model = io.BytesIO()
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter([p[0] for p in toy_pairs("train", 100)]), model_writer=model, vocab_size=40, minloglevel=2
+        sentence_iterator=iter([p[0] for p in toy_pairs("train", 100)]), model_writer=model, vocab_size=40,
+        minloglevel=2
     )
     path = tmp_path / "default_ids.model"
     path.write_bytes(model.getvalue())
-    with pytest.raises(CheckpointError, match=r"special ids \(pad, unk, bos, eos\) = \(-1, 0, 1, 2\), expected \(0, 1, 2, 3\)"):
+    with pytest.raises(CheckpointError, match=r"special ids \(pad, unk, bos, eos\) = \(-1, 0, 1, 2\), "
+                                              r"expected \(0, 1, 2, 3\)"):
         load_external(path, None)
 
 

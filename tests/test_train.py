@@ -1,5 +1,5 @@
-"""Training as RELIABILITY.md promises it: kill -9 / SIGTERM / SIGINT / a full disk / a kill inside a save
-lose at most the steps since the last checkpoint, and a resumed run logs the uninterrupted run's curve
+"""Training as docs/RELIABILITY.md promises it: kill -9 / SIGTERM / SIGINT / a full disk / a kill inside a
+save lose at most the steps since the last checkpoint, and a resumed run logs the uninterrupted run's curve
 exactly; non-finite steps are skipped, then stop the run; two DDP ranks equal one rank accumulating two
 micro-batches; resume guards; early stopping; pruning; the learning-rate schedules.
 
@@ -172,7 +172,8 @@ def test_disk_full_during_save_exits_5_and_keeps_the_previous_checkpoint(tiny, k
     result = train_cli(tiny.config["transformer"], run, preexec_fn=limit_file_size)
     assert result.returncode == 5, result.stderr
     line = assert_one_error_line(result.stderr)
-    assert re.search(rf"{re.escape(str(run / 'checkpoints'))}/step_\d{{8}}\.pt: cannot write checkpoint", line), line
+    assert re.search(rf"{re.escape(str(run / 'checkpoints'))}/step_\d{{8}}\.pt: "
+                     r"cannot write checkpoint", line), line
     assert not tmp_files(run)
     assert (run / "checkpoints" / "latest.json").read_bytes() == pointer_before
     path, payload = latest_checkpoint(RunDir(run))
@@ -267,7 +268,7 @@ def test_nan_streak_stops_with_exit_6_and_finite_checkpoints(tiny, tmp_path):
 
 
 def test_two_ranks_equal_one_rank_accumulating_two(tiny, tmp_path):
-    """RELIABILITY.md, "Scale-out", test 1: same global batches, same dropout masks, same losses."""
+    """docs/RELIABILITY.md, "Several processes": same global batches, same dropout masks, same losses."""
     config = tiny.config["transformer"]
     sets = ("train.max_steps=8", "train.eval_every=100", "train.save_every=100")
     one, two = tiny.copy_prepared(tmp_path / "one"), tiny.copy_prepared(tmp_path / "two")
@@ -300,7 +301,8 @@ def test_two_ranks_equal_one_rank_accumulating_two(tiny, tmp_path):
 
 
 def invoke_train(config: Path, run: Path, *sets: str, resume: bool = False, faults: Faults | None = None):
-    """``attnmt train`` in-process; ``faults`` reach it as the Click context object, as tests/fault_run.py passes them."""
+    """``attnmt train`` in-process; ``faults`` reach it as the Click context object, as tests/fault_run.py
+    passes them."""
     args = ["train", str(config), "--run-dir", str(run)] + [a for s in sets for a in ("--set", s)]
     return CliRunner().invoke(app, args + (["--resume"] if resume else []), obj=faults)
 
@@ -341,11 +343,14 @@ def test_raising_max_steps_continues_a_finished_run(tiny, tmp_path):
 def test_a_log_window_cut_by_a_kill_is_exact_after_resume(tiny, tmp_path):
     """log_every 4, save_every 7: the kill at 17 resumes from 14, inside the window of steps 13-16."""
     reference = tiny.copy_prepared(tmp_path / "reference")
-    assert train_cli(tiny.config["transformer"], reference, "train.log_every=4", "train.max_steps=20").returncode == 0
+    assert train_cli(tiny.config["transformer"], reference, "train.log_every=4",
+                     "train.max_steps=20").returncode == 0
     run = tiny.copy_prepared(tmp_path / "run")
-    killed = train_cli(tiny.config["transformer"], run, "train.log_every=4", "train.max_steps=20", fault="sigkill_at_step:17")
+    killed = train_cli(tiny.config["transformer"], run, "train.log_every=4", "train.max_steps=20",
+                       fault="sigkill_at_step:17")
     assert killed.returncode in KILLED
-    assert train_cli(tiny.config["transformer"], run, "train.log_every=4", "train.max_steps=20").returncode == 0
+    assert train_cli(tiny.config["transformer"], run, "train.log_every=4",
+                     "train.max_steps=20").returncode == 0
     assert [r["step"] for r in read_records(run)] == [4, 8, 12, 16, 20]
     assert curve(run) == curve(reference)
 
@@ -379,7 +384,8 @@ def test_valid_records_carry_scores_and_sacrebleu_signatures(tiny):
 
 
 def test_validation_with_beam_search_scores_the_beam_translations(tiny, tmp_path, monkeypatch):
-    """valid_beam_size 3: validation searches with a beam of 3, and the dev BLEU is that of those translations."""
+    """valid_beam_size 3: validation searches with a beam of 3, and the dev BLEU is that of those
+    translations."""
     import attnmt.validation
     from attnmt.batching import load_split
     from attnmt.checkpoint import load_model
@@ -394,7 +400,8 @@ def test_validation_with_beam_search_scores_the_beam_translations(tiny, tmp_path
 
     monkeypatch.setattr(attnmt.validation, "Translator", spy)
     run = tiny.copy_prepared(tmp_path / "run")
-    result = invoke_train(tiny.config["transformer"], run, "train.valid_beam_size=3", "train.eval_every=30", "train.save_every=30")
+    result = invoke_train(tiny.config["transformer"], run, "train.valid_beam_size=3", "train.eval_every=30",
+                          "train.save_every=30")
     assert result.exit_code == 0, result.output
     assert beams == [3]
     (valid,) = read_records(run, "valid")
@@ -409,9 +416,11 @@ def test_validation_with_beam_search_scores_the_beam_translations(tiny, tmp_path
 
 def test_pruning_keeps_the_last_two_and_the_best(tiny):
     reference = tiny.reference()
-    best = max(read_records(reference, "valid"), key=lambda r: r["bleu"])  # the first of equals: ties don't improve
+    # the first of equals: ties don't improve
+    best = max(read_records(reference, "valid"), key=lambda r: r["bleu"])
     steps = {28, 30, best["step"]}
-    assert sorted(p.name for p in (reference / "checkpoints").glob("step_*.pt")) == sorted(map(step_file, steps))
+    assert (sorted(p.name for p in (reference / "checkpoints").glob("step_*.pt"))
+            == sorted(map(step_file, steps)))
     pointer = read_pointer(RunDir(reference), "best")
     assert pointer["file"] == step_file(best["step"]) and pointer["score"] == best["bleu"]
     assert pointer["sha256"] == sha256_file(reference / "checkpoints" / pointer["file"])
@@ -436,7 +445,9 @@ def test_early_stopping_when_the_metric_cannot_improve(tiny, tmp_path):
 
 def test_warmup_is_linear_up_to_the_peak():
     schedule = Schedule("inverse_sqrt", 1e-3, 10, 100, 0.0)
-    assert [schedule.lr(step) for step in range(1, 11)] == pytest.approx([1e-4 * k for k in range(1, 11)], rel=1e-12)
+    assert [schedule.lr(step) for step in range(1, 11)] == pytest.approx(
+        [1e-4 * k for k in range(1, 11)], rel=1e-12
+    )
 
 
 def test_inverse_sqrt_after_warmup():

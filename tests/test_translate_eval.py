@@ -34,7 +34,8 @@ def run(tiny, tmp_path_factory) -> Path:
     """The tiny config trained to step 150 without dropout (the conftest reference, at step 30, still
     outputs empty lines); checkpoints at steps 100 and 150."""
     run_dir = tiny.copy_prepared(tmp_path_factory.mktemp("translate") / "run")
-    sets = ["train.max_steps=150", "train.save_every=50", "train.eval_every=1000", "train.log_every=50", "model.dropout=0.0"]
+    sets = ["train.max_steps=150", "train.save_every=50", "train.eval_every=1000", "train.log_every=50",
+            "model.dropout=0.0"]
     result = train_cli(tiny.config["transformer"], run_dir, *sets)
     assert result.returncode == 0, result.stderr
     return run_dir
@@ -158,7 +159,8 @@ def test_closed_pipe_stops_quietly(ckpt, tmp_path):
     """``| head -1`` closes the pipe after the first chunk of 1000 lines: no error, no traceback, exit 0."""
     big = tmp_path / "big.en"
     big.write_text("\n".join(SOURCES[i % 3] for i in range(3000)) + "\n", encoding="utf-8")
-    script = f'"{sys.executable}" -m attnmt translate "{ckpt}" -i "{big}" --beam-size 1 2>"{tmp_path}/err" | head -1; exit "${{PIPESTATUS[0]}}"'
+    script = (f'"{sys.executable}" -m attnmt translate "{ckpt}" -i "{big}" --beam-size 1 '
+              f'2>"{tmp_path}/err" | head -1; exit "${{PIPESTATUS[0]}}"')
     result = subprocess.run(["bash", "-c", script], cwd=REPO, env={**os.environ, **OFFLINE_ENV},
                             capture_output=True, text=True, timeout=120)  # fmt: skip
     assert (tmp_path / "err").read_text() == ""
@@ -174,7 +176,9 @@ def test_megabyte_line_is_truncated_with_one_warning(ckpt):
     assert len(lines) == 3 and lines[2] == ""
     assert lines[1] == translate(ckpt, "--beam-size", "1", SOURCES[1])[0]
     warning = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(warning) == 1 and warning[0].startswith("warning: 1 line(s) longer than decode.max_src_len"), result.stderr
+    assert len(warning) == 1 and warning[0].startswith(
+        "warning: 1 line(s) longer than decode.max_src_len"
+    ), result.stderr
 
 
 def test_any_script_and_control_characters_keep_one_line_each(ckpt, tmp_path):
@@ -318,7 +322,8 @@ def test_average_is_the_mean_and_translates(run, ckpt, tmp_path):
             assert torch.allclose(tensor.double(), mean, rtol=0, atol=1e-7), name
         else:
             assert torch.equal(tensor, a["model"][name])
-    assert any(not torch.equal(a["model"][n], b["model"][n]) for n in a["model"])  # else the mean proves nothing
+    # else the mean proves nothing
+    assert any(not torch.equal(a["model"][n], b["model"][n]) for n in a["model"])
     assert len(translate(out, *SOURCES[:2])) == 2
     src, ref = write_lines(tmp_path / "src.en", SOURCES[:2]), write_lines(tmp_path / "ref.de", ["x", "y"])
     assert [s["metric"] for s in eval_json(out, "--src", src, "--ref", ref)] == ["bleu", "chrf", "ter"]
@@ -333,10 +338,12 @@ def test_average_of_different_models_exits_4(run, ckpt, tmp_path, change):
     else:
         other["fingerprint"]["tokenizer"]["src_sha256"] = "0" * 64
     torch.save(other, tmp_path / "other.pt")
-    result = invoke("average", run / "checkpoints" / "step_00000100.pt", tmp_path / "other.pt", "--out", tmp_path / "avg.pt")
+    result = invoke("average", run / "checkpoints" / "step_00000100.pt", tmp_path / "other.pt",
+                    "--out", tmp_path / "avg.pt")
     assert result.exit_code == 4
     message = assert_one_error_line(result.stderr)
-    assert "other.pt" in message and ("d_model: 16 -> 32" in message if change == "model" else "tokenizer" in message)
+    assert "other.pt" in message and ("d_model: 16 -> 32" in message if change == "model"
+                                      else "tokenizer" in message)
     assert not (tmp_path / "avg.pt").exists()
 
 

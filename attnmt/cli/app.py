@@ -37,7 +37,8 @@ class _OneLineErrors(TyperGroup):
         except typer.TyperException as e:  # Click's usage errors (Typer carries its own Click)
             if type(e).__name__ != "NoArgsIsHelpError":  # that one has printed the help already
                 where = f" (see {e.ctx.command_path} --help)" if getattr(e, "ctx", None) is not None else ""
-                message = e.format_message().replace("Value error, ", "")  # pydantic's prefix, from Typer's coercion
+                # pydantic's prefix, from Typer's coercion
+                message = e.format_message().replace("Value error, ", "")
                 sys.stderr.write(f"error: {message}{where}\n")
             sys.exit(e.exit_code)
         except typer.Abort:
@@ -71,7 +72,8 @@ def _print_version(value: bool) -> None:
 @app.callback()
 def main(
     debug: Annotated[bool, typer.Option("--debug", help="Show a full traceback on errors.")] = False,
-    version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit.")] = False,
+    version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                          help="Print the version and exit.")] = False,
 ) -> None:
     _state["debug"] = debug
     # The console shows warnings (everything with --debug); a run's own log file may record more.

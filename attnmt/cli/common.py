@@ -7,8 +7,8 @@ import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from ..data import read_lines
 from ..config import Device
+from ..data import read_lines
 from ..errors import ConfigError, DataError
 
 
@@ -42,8 +42,8 @@ def refuse_overwrite(flag: str, output: Path | None, inputs: list[Path | None]) 
         raise ConfigError(f"{flag} {output} is an input file; refusing to overwrite the input")
 
 
-def open_translator(model_path: Path, device: Device = Device.auto, beam_size: int | None = None, nbest: int = 1,
-                    length_penalty: float | None = None, max_tokens: int | None = None):
+def open_translator(model_path: Path, device: Device = Device.auto, beam_size: int | None = None,
+                    nbest: int = 1, length_penalty: float | None = None, max_tokens: int | None = None):
     """Load MODEL for decoding: (Translator, config, checkpoint path). Decode settings are the model's
     ``decode`` section with these overrides; the model gets the CPU fast path (``fastpath.py``) and the
     process keeps freed memory for reuse (``runtime.py``), as every decoding command does."""
@@ -56,5 +56,6 @@ def open_translator(model_path: Path, device: Device = Device.auto, beam_size: i
     keep_freed_memory()  # decoding reuses the same large blocks every step
     model, tokenizer, cfg, path = checkpoint.load_model(model_path, dev)
     fastpath.apply(model)
-    decode = with_overrides(cfg.decode, tokenizer.tgt_vocab_size, beam_size, nbest, length_penalty, max_tokens)
+    decode = with_overrides(cfg.decode, tokenizer.tgt_vocab_size, beam_size, nbest, length_penalty,
+                            max_tokens)
     return Translator(model, tokenizer, decode, dev), cfg, path

@@ -31,7 +31,8 @@ def translate(
     model: ModelArg,
     sentences: SentencesArg = None,
     input_: InputOpt = None,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write here (atomically) instead of stdout.")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o",
+                                                help="Write here (atomically) instead of stdout.")] = None,
     beam_size: BeamOpt = None,
     nbest: NbestOpt = 1,
     max_tokens: MaxTokensOpt = None,
@@ -65,23 +66,30 @@ def translate(
     if output is not None:
         atomic_write_text(output, "".join(written))
     if truncated:
-        sys.stderr.write(f"warning: {truncated} line(s) longer than decode.max_src_len pieces were truncated\n")
+        sys.stderr.write(f"warning: {truncated} line(s) "
+                         "longer than decode.max_src_len pieces were truncated\n")
 
 
 @command("eval")
 def eval_(
-    model: Annotated[Path | None, typer.Argument(help="A checkpoint or run folder; omit with --hyp.", show_default=False)] = None,
+    model: Annotated[Path | None, typer.Argument(help="A checkpoint or run folder; omit with --hyp.",
+                                                 show_default=False)] = None,
     src: Annotated[Path | None, typer.Option("--src", help="Source file to translate and score.")] = None,
-    hyp: Annotated[Path | None, typer.Option("--hyp", help="Existing translations to score (instead of MODEL --src).")] = None,
-    ref: Annotated[list[Path] | None, typer.Option("--ref", help="Reference file (repeat for several references).")] = None,
+    hyp: Annotated[Path | None, typer.Option("--hyp", help="Existing translations to score "
+                                             "(instead of MODEL --src).")] = None,
+    ref: Annotated[list[Path] | None, typer.Option("--ref", help="Reference file "
+                                                   "(repeat for several references).")] = None,
     metrics: Annotated[Metrics, typer.Option("--metrics", parser=Metrics.parse, metavar="LIST",
                                              help="Comma-separated: bleu, chrf, ter.")] = "bleu,chrf,ter",
     lowercase: Annotated[bool, typer.Option("--lowercase", "-lc", help="Case-insensitive scores.")] = False,
-    tokenize: Annotated[str | None, typer.Option("--tokenize", help="BLEU tokenizer (13a, zh, intl, char, none, ...); "
+    tokenize: Annotated[str | None, typer.Option("--tokenize",
+                                                 help="BLEU tokenizer (13a, zh, intl, char, none, ...); "
                                                  "default from the target language.")] = None,
-    tgt_lang: Annotated[str | None, typer.Option("--tgt-lang", help="Target language code (picks BLEU's tokenizer, e.g. zh).")] = None,
+    tgt_lang: Annotated[str | None, typer.Option("--tgt-lang", help="Target language code "
+                                                 "(picks BLEU's tokenizer, e.g. zh).")] = None,
     json_: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
-    hyp_out: Annotated[Path | None, typer.Option("--hyp-out", help="Also write the translations here.")] = None,
+    hyp_out: Annotated[Path | None, typer.Option("--hyp-out",
+                                                 help="Also write the translations here.")] = None,
     beam_size: BeamOpt = None,
     max_tokens: MaxTokensOpt = None,
     length_penalty: LengthPenaltyOpt = None,
@@ -103,10 +111,12 @@ def eval_(
         hypotheses, name, lang = list(read_lines(hyp)), str(hyp), tgt_lang
     else:
         translator, cfg, _ = open_translator(model, device, beam_size, 1, length_penalty, max_tokens)
-        hypotheses, name, lang = translator.best(list(read_lines(src))), f"translations of {src}", tgt_lang or cfg.data.tgt_lang
+        hypotheses, name, lang = (translator.best(list(read_lines(src))), f"translations of {src}",
+                                  tgt_lang or cfg.data.tgt_lang)
         if hyp_out is not None:
             atomic_write_text(hyp_out, "".join(h + "\n" for h in hypotheses))
-    scores = score_corpus(hypotheses, name, references, metrics.names, tgt_lang=lang, tokenize=tokenize, lowercase=lowercase)
+    scores = score_corpus(hypotheses, name, references, metrics.names, tgt_lang=lang, tokenize=tokenize,
+                          lowercase=lowercase)
     if json_:
         typer.echo(json.dumps([s.as_dict() for s in scores.values()], ensure_ascii=False))
         return

@@ -29,14 +29,21 @@ def _check_number(option: str, value: int | None, count: int, what: str) -> int 
 @command()
 def plot(
     model: ModelArg,
-    sentences: Annotated[list[str] | None, typer.Argument(help="Sentences to translate and draw (else --input).", show_default=False)] = None,
+    sentences: Annotated[list[str] | None, typer.Argument(help="Sentences to translate and draw "
+                                                          "(else --input).", show_default=False)] = None,
     input_: InputOpt = None,
-    limit: Annotated[int | None, typer.Option("--limit", min=1, help="Draw only the first N sentences.")] = None,
-    out: Annotated[Path, typer.Option("--out", "-o", help="Folder to write the figures into.", show_default=False)] = ...,
-    layer: Annotated[int | None, typer.Option("--layer", min=1, help="Only this layer (1-based; default: every layer).")] = None,
-    head: Annotated[int | None, typer.Option("--head", min=1, help="Only this head (1-based; default: every head and their average).")] = None,
-    self_: Annotated[bool, typer.Option("--self", help="Also draw encoder and decoder self-attention (Transformer).")] = False,
-    words: Annotated[bool, typer.Option("--words", help="Label words instead of pieces (source pieces summed, target pieces averaged).")] = False,
+    limit: Annotated[int | None, typer.Option("--limit", min=1,
+                                              help="Draw only the first N sentences.")] = None,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder to write the figures into.",
+                                      show_default=False)] = ...,
+    layer: Annotated[int | None, typer.Option("--layer", min=1, help="Only this layer "
+                                              "(1-based; default: every layer).")] = None,
+    head: Annotated[int | None, typer.Option("--head", min=1, help="Only this head "
+                                             "(1-based; default: every head and their average).")] = None,
+    self_: Annotated[bool, typer.Option("--self", help="Also draw encoder and decoder self-attention "
+                                        "(Transformer).")] = False,
+    words: Annotated[bool, typer.Option("--words", help="Label words instead of pieces "
+                                        "(source pieces summed, target pieces averaged).")] = False,
     fmt: FormatOpt = "png",
     dpi: DpiOpt = 100,
     beam_size: BeamOpt = None,
@@ -46,7 +53,8 @@ def plot(
 
     The translation is read back under teacher forcing, so every layer and head is there: an LSTM's one
     attention map; a Transformer's cross-attention per layer as a grid of heads and their average (and with
-    --self its encoder and decoder self-attention). Files: NNNN_cross_layerL.png, NNNN_enc_self_layerL.png, ...
+    --self its encoder and decoder self-attention).
+    Files: NNNN_cross_layerL.png, NNNN_enc_self_layerL.png, ...
     """
     from ..attention_maps import HeatmapOptions, draw_attention
     from ..models import attention_layout
@@ -60,8 +68,10 @@ def plot(
     if self_ and "enc_self" not in n_layers:
         raise ConfigError(f"--self: a {cfg.model.arch} model has no self-attention to draw")
     kinds = ("cross", "enc_self", "dec_self") if self_ else ("cross",)
-    layers = {kind: _check_number("--layer", layer, n_layers[kind], f"{KIND_TITLES[kind]} layers") for kind in kinds}
-    options = HeatmapOptions(kinds, layers, _check_number("--head", head, n_heads, "attention heads"), words, fmt.value, dpi)
+    layers = {kind: _check_number("--layer", layer, n_layers[kind], f"{KIND_TITLES[kind]} layers")
+              for kind in kinds}
+    options = HeatmapOptions(kinds, layers, _check_number("--head", head, n_heads, "attention heads"), words,
+                             fmt.value, dpi)
     started = time.perf_counter()
     drawn = draw_attention(translator, itertools.islice(lines, limit), out, options)
     if drawn.sentences == 0:
@@ -69,23 +79,33 @@ def plot(
     seconds = time.perf_counter() - started
     typer.echo(f"wrote {drawn.figures} figures of {drawn.sentences} sentence(s) to {out} in {seconds:.1f} s")
     if drawn.truncated:
-        sys.stderr.write(f"warning: {drawn.truncated} line(s) longer than decode.max_src_len pieces were truncated\n")
+        sys.stderr.write(f"warning: {drawn.truncated} line(s) "
+                         "longer than decode.max_src_len pieces were truncated\n")
 
 
 @command()
 def align(
     model: ModelArg,
-    src: Annotated[Path, typer.Option("--src", help="Source sentences, one per line (words split on spaces).", show_default=False)],
-    tgt: Annotated[Path | None, typer.Option("--tgt", help="Target sentences to align with (default: the model's own translations).")] = None,
-    gold: Annotated[Path | None, typer.Option("--gold", help="Gold alignments (Pharaoh: i-j sure, i?j or ipj possible) to score against.")] = None,
+    src: Annotated[Path, typer.Option("--src", help="Source sentences, one per line (words split on spaces).",
+                                      show_default=False)],
+    tgt: Annotated[Path | None, typer.Option("--tgt", help="Target sentences to align with "
+                                             "(default: the model's own translations).")] = None,
+    gold: Annotated[Path | None, typer.Option("--gold", help="Gold alignments (Pharaoh: i-j sure, "
+                                              "i?j or ipj possible) to score against.")] = None,
     layer: Annotated[Layer, typer.Option("--layer", parser=Layer.parse, metavar="LAYER",
-                                         help="Cross-attention layer to align with: 1, 2, ..., last, or avg (over layers and heads).")] = "last",
-    method: Annotated[AlignMethod, typer.Option("--method", help="argmax: each target word's most attended source word; "
+                                         help="Cross-attention layer to align with: 1, 2, ..., last, or avg "
+                                         "(over layers and heads).")] = "last",
+    method: Annotated[AlignMethod, typer.Option("--method",
+                                                help="argmax: each target word's most attended source word; "
                                                 "threshold: every weight >= --threshold.")] = "argmax",
-    threshold: Annotated[float, typer.Option("--threshold", help="Weight a link needs with --method threshold (0 < X <= 1).")] = 0.3,
-    one_based: Annotated[bool, typer.Option("--one-based", help="Word indices in --gold and in the output count from 1.")] = False,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the alignments here (atomically).")] = None,
-    hyp_out: Annotated[Path | None, typer.Option("--hyp-out", help="Without --tgt: also write the translations that were aligned.")] = None,
+    threshold: Annotated[float, typer.Option("--threshold", help="Weight a link needs with --method "
+                                             "threshold (0 < X <= 1).")] = 0.3,
+    one_based: Annotated[bool, typer.Option("--one-based", help="Word indices in --gold and in the output "
+                                            "count from 1.")] = False,
+    output: Annotated[Path | None, typer.Option("--output", "-o",
+                                                help="Write the alignments here (atomically).")] = None,
+    hyp_out: Annotated[Path | None, typer.Option("--hyp-out", help="Without --tgt: "
+                                                 "also write the translations that were aligned.")] = None,
     json_: Annotated[bool, typer.Option("--json", help="With --gold: print the scores as JSON.")] = False,
     beam_size: BeamOpt = None,
     device: DeviceOpt = "auto",
@@ -118,7 +138,8 @@ def align(
     translator, cfg, _ = open_translator(model, device, beam_size)
     n_layers = attention_layout(cfg.model)[0]["cross"]
     if layer.index is not None and layer.index >= n_layers:
-        raise ConfigError(f"--layer {layer.text}: the model has {n_layers} cross-attention layer(s) (1..{n_layers}, or avg)")
+        raise ConfigError(f"--layer {layer.text}: the model has {n_layers} cross-attention layer(s) "
+                          f"(1..{n_layers}, or avg)")
     aligned = align_corpus(translator, sources, targets, layer.index, method.value, threshold, gold_links)
     if hyp_out is not None:
         atomic_write_text(hyp_out, "".join(t + "\n" for t in aligned.targets))
@@ -138,16 +159,19 @@ def align(
 
     table = Table("AER", "precision", "recall", "links", "sure", "possible", "sentences",
                   title=f"alignment of {src} with layer {layer.text}, {method.value}", title_justify="left")
-    table.add_row(f"{score.aer:.2%}", f"{score.precision:.2%}", f"{score.recall:.2%}", str(score.predicted), str(score.sure),
-                  str(score.possible), str(score.sentences))
+    table.add_row(f"{score.aer:.2%}", f"{score.precision:.2%}", f"{score.recall:.2%}", str(score.predicted),
+                  str(score.sure), str(score.possible), str(score.sentences))
     Console().print(table)
 
 
 @command("plot-curves")
 def plot_curves(
-    run_dir: Annotated[Path, typer.Argument(help="A run folder (its metrics.jsonl, and plots/ for --gif).", show_default=False)],
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="The PNG to write (default: RUN_DIR/curves.png).")] = None,
-    gif: Annotated[bool, typer.Option("--gif", help="Also animate the heatmaps written during training (train.plot_every) as GIFs.")] = False,
+    run_dir: Annotated[Path, typer.Argument(help="A run folder (its metrics.jsonl, and plots/ for --gif).",
+                                            show_default=False)],
+    out: Annotated[Path | None, typer.Option("--out", "-o",
+                                             help="The PNG to write (default: RUN_DIR/curves.png).")] = None,
+    gif: Annotated[bool, typer.Option("--gif", help="Also animate the heatmaps written during training "
+                                      "(train.plot_every) as GIFs.")] = False,
 ) -> None:
     """Training curves (train loss, dev loss, dev BLEU and chrF against the step) as one PNG."""
     from ..plot import animate_run, run_curves

@@ -14,8 +14,10 @@ from .options import SetOpt
 
 @command()
 def average(
-    checkpoints: Annotated[list[Path], typer.Argument(help="Two or more checkpoint files of one model config.", show_default=False)],
-    out: Annotated[Path, typer.Option("--out", "-o", help="The averaged checkpoint to write (atomically).", show_default=False)],
+    checkpoints: Annotated[list[Path], typer.Argument(help="Two or more checkpoint files "
+                                                      "of one model config.", show_default=False)],
+    out: Annotated[Path, typer.Option("--out", "-o", help="The averaged checkpoint to write (atomically).",
+                                      show_default=False)],
 ) -> None:
     """Average the parameters of several checkpoints into one that translate and eval accept."""
     from ..checkpoint import average_checkpoints, save_payload
@@ -35,8 +37,8 @@ def average(
 
 @command()
 def info(
-    target: Annotated[Path, typer.Argument(help="A config file, a checkpoint, or a run folder (its config.yaml and tokenizer).",
-                                           show_default=False)],
+    target: Annotated[Path, typer.Argument(help="A config file, a checkpoint, or a run folder "
+                                           "(its config.yaml and tokenizer).", show_default=False)],
     set_: SetOpt = None,
 ) -> None:
     """Print a model's architecture and parameter counts per part."""
@@ -53,7 +55,8 @@ def info(
         raise ConfigError(f"model: {e}") from None
     console = Console()
     settings = ", ".join(f"{k}={v}" for k, v in spec.cfg.model.model_dump().items() if k != "arch")
-    console.print(f"[bold]{spec.cfg.model.arch}[/bold] ({settings}); vocabulary {spec.src_vocab_size} / {spec.tgt_vocab_size} "
+    console.print(f"[bold]{spec.cfg.model.arch}[/bold] ({settings}); "
+                  f"vocabulary {spec.src_vocab_size} / {spec.tgt_vocab_size} "
                   f"from {spec.origin}")
     table = Table("part", "parameters", "share")
     counts = {k: v for k, v in parameter_counts(model).items() if v}

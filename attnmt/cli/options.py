@@ -75,17 +75,27 @@ class Layer:
 
 
 ConfigArg = Annotated[Path, typer.Argument(help="The YAML config file.", show_default=False)]
-RunDirOpt = Annotated[Path | None, typer.Option("--run-dir", help="The run folder (default: train.run_dir of the config).")]
-SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a config key, e.g. --set train.lr=3e-4 (repeatable).")]
+RunDirOpt = Annotated[Path | None, typer.Option("--run-dir", help="The run folder "
+                                                "(default: train.run_dir of the config).")]
+SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a config key, "
+                                                  "e.g. --set train.lr=3e-4 (repeatable).")]
 
-ModelArg = Annotated[Path, typer.Argument(help="A checkpoint file, or a run folder (its best checkpoint, else its latest).",
-                                          show_default=False)]
-SentencesArg = Annotated[list[str] | None, typer.Argument(help="Sentences (else --input).", show_default=False)]
-InputOpt = Annotated[Path | None, typer.Option("--input", "-i", help="A file of sentences, or - for stdin (read lazily).")]
-BeamOpt = Annotated[int | None, typer.Option("--beam-size", min=1, help="Beam size; 1 = greedy (default: the model's decode.beam_size).")]
-NbestOpt = Annotated[int, typer.Option("--nbest", min=1, help="Write this many hypotheses per line (TSV: index, score, text).")]
-MaxTokensOpt = Annotated[int | None, typer.Option("--max-tokens", min=1, help="Batch budget: padded source pieces x beam.")]
-DeviceOpt = Annotated[Device, typer.Option("--device", help="Where to compute; auto takes CUDA when there is one.")]
-LengthPenaltyOpt = Annotated[float | None, typer.Option("--length-penalty", min=0.0, help="GNMT alpha (default: decode.length_penalty).")]
+ModelArg = Annotated[Path, typer.Argument(help="A checkpoint file, or a run folder "
+                                          "(its best checkpoint, else its latest).", show_default=False)]
+SentencesArg = Annotated[list[str] | None, typer.Argument(help="Sentences (else --input).",
+                                                          show_default=False)]
+InputOpt = Annotated[Path | None, typer.Option("--input", "-i",
+                                               help="A file of sentences, or - for stdin (read lazily).")]
+BeamOpt = Annotated[int | None, typer.Option("--beam-size", min=1, help="Beam size; 1 = greedy "
+                                             "(default: the model's decode.beam_size).")]
+NbestOpt = Annotated[int, typer.Option("--nbest", min=1,
+                                       help="Write this many hypotheses per line (TSV: index, score, text).")]
+MaxTokensOpt = Annotated[int | None, typer.Option("--max-tokens", min=1,
+                                                  help="Batch budget: padded source pieces x beam.")]
+DeviceOpt = Annotated[Device, typer.Option("--device",
+                                           help="Where to compute; auto takes CUDA when there is one.")]
+LengthPenaltyOpt = Annotated[float | None, typer.Option("--length-penalty", min=0.0,
+                                                        help="GNMT alpha (default: decode.length_penalty).")]
 FormatOpt = Annotated[FigureFormat, typer.Option("--format", help="Figure format.")]
-DpiOpt = Annotated[int, typer.Option("--dpi", min=10, max=1200, help="Resolution of png figures (dots per inch).")]
+DpiOpt = Annotated[int, typer.Option("--dpi", min=10, max=1200,
+                                     help="Resolution of png figures (dots per inch).")]

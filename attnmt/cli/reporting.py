@@ -15,20 +15,24 @@ def print_corpus_statistics(report) -> None:
     for s in report.splits:
         table.add_column(s.name, justify="right")
     reasons = list(dict.fromkeys(why for s in report.splits for why in s.dropped))
-    rows = [("pairs read", [f"{s.read:,}" for s in report.splits]), ("pairs kept", [f"{s.kept:,}" for s in report.splits])]
+    rows = [("pairs read", [f"{s.read:,}" for s in report.splits]),
+            ("pairs kept", [f"{s.kept:,}" for s in report.splits])]
     rows += [(f"dropped: {why}", [f"{s.dropped.get(why, 0):,}" for s in report.splits]) for why in reasons]
     for side in ("src", "tgt"):
         rows.append((f"{side} pieces", [f"{getattr(s, side + '_tokens'):,}" for s in report.splits]))
         rows.append((f"{side} length p50/p90/p99/max",
                      ["/".join(map(str, getattr(s, side + "_percentiles").values())) for s in report.splits]))
-        rows.append((f"{side} unknown-piece rate", [f"{getattr(s, side + '_unk_rate'):.3%}" for s in report.splits]))
+        rows.append((f"{side} unknown-piece rate",
+                     [f"{getattr(s, side + '_unk_rate'):.3%}" for s in report.splits]))
     for label, values in rows:
         table.add_row(label, *values)
     console = Console()
     console.print(table)
     kind = "joint" if report.joint else "separate"
-    sizes = f"{report.src_vocab_size}" if report.joint else f"{report.src_vocab_size} / {report.tgt_vocab_size}"
-    console.print(f"tokenizer: {kind}, {sizes} pieces ({'trained' if report.tokenizer_trained else 'loaded'})")
+    sizes = (f"{report.src_vocab_size}" if report.joint
+             else f"{report.src_vocab_size} / {report.tgt_vocab_size}")
+    console.print(f"tokenizer: {kind}, {sizes} pieces "
+                  f"({'trained' if report.tokenizer_trained else 'loaded'})")
 
 
 class TrainReporter:
@@ -54,7 +58,8 @@ class TrainReporter:
         if isinstance(event, Started):
             self._start(event)
         elif isinstance(event, TrainRecord):
-            status = f"epoch {event.epoch:.2f}  loss {event.loss:.3f}  lr {event.lr:.2e}  {event.tokens_per_s:,.0f} tok/s"
+            status = (f"epoch {event.epoch:.2f}  loss {event.loss:.3f}  lr {event.lr:.2e}  "
+                      f"{event.tokens_per_s:,.0f} tok/s")
             if self.progress is not None:
                 self.progress.update(self.task, completed=event.step, status=status)
             else:
@@ -68,13 +73,15 @@ class TrainReporter:
             self.console.print(f"  {event.bleu_signature}", highlight=False, markup=False)
             self.console.print(f"  e.g. {event.example}", highlight=False, markup=False)
         elif isinstance(event, NonfiniteRecord):
-            self.console.print(f"[yellow]step {event.step}: non-finite loss or gradient, step skipped ({event.skips} so far)[/yellow]")
+            self.console.print(f"[yellow]step {event.step}: non-finite loss or gradient, step skipped "
+                               f"({event.skips} so far)[/yellow]")
         elif isinstance(event, Message):
             self.console.print(event.text, highlight=False, markup=False)
         elif isinstance(event, Finished):
             if self.progress is not None:
                 self.progress.update(self.task, completed=event.step)
-            best = f"; best {event.best_score:.2f} at step {event.best_step}" if event.best_score is not None else ""
+            best = (f"; best {event.best_score:.2f} at step {event.best_step}"
+                    if event.best_score is not None else "")
             reason = event.reason.value if event.reason is not None else "nothing to do"
             self.console.print(f"finished at step {event.step} ({reason}){best}")
 
@@ -86,7 +93,8 @@ class TrainReporter:
         if self.live:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-            self.progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                                     TextColumn("{task.fields[status]}"), console=self.console)
+            self.progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
+                                     TimeRemainingColumn(), TextColumn("{task.fields[status]}"),
+                                     console=self.console)
             self.task = self.progress.add_task("train", total=event.total, completed=event.step, status="")
             self.progress.start()

@@ -49,7 +49,8 @@ def prepare(config: ConfigArg, run_dir: RunDirOpt = None, set_: SetOpt = None) -
 
 @command("toy-data")
 def toy_data(
-    out_dir: Annotated[Path, typer.Argument(help="Folder to write train/dev/test .en, .de and .align files into.")],
+    out_dir: Annotated[Path, typer.Argument(help="Folder to write train/dev/test .en, .de and .align "
+                                            "files into.")],
     train_size: Annotated[int, typer.Option(min=1)] = 10000,
     dev_size: Annotated[int, typer.Option(min=1)] = 500,
     test_size: Annotated[int, typer.Option(min=1)] = 500,
@@ -68,7 +69,8 @@ def train(
     config: ConfigArg,
     run_dir: RunDirOpt = None,
     set_: SetOpt = None,
-    resume: Annotated[bool, typer.Option("--resume", help="Require a checkpoint to resume from (a run folder with one resumes anyway).")] = False,
+    resume: Annotated[bool, typer.Option("--resume", help="Require a checkpoint to resume from "
+                                         "(a run folder with one resumes anyway).")] = False,
 ) -> None:
     """Train a model from a config; a run folder that has a checkpoint resumes where it stopped."""
     cfg = _load(config, set_)
@@ -86,7 +88,8 @@ def train(
     main_rank = environment_rank() == 0
     faults = ctx.find_object(Faults) or NO_FAULTS  # only tests pass one (tests/fault_run.py)
     try:
-        with RunLock(run) if main_rank else contextlib.nullcontext(), TrainReporter(enabled=main_rank) as reporter:
+        with (RunLock(run) if main_rank else contextlib.nullcontext(),
+              TrainReporter(enabled=main_rank) as reporter):
             fit(cfg, run, reporter, resume=resume, faults=faults)
     except Interrupted as e:
         sys.stderr.write(f"attnmt: {e}\n")

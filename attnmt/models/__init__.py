@@ -21,7 +21,8 @@ __all__ = ["ARCHS", "DecoderState", "ModelOutput", "TranslationModel", "attentio
            "parameter_counts", "take_rows"]
 
 
-def build_model(cfg: LSTMConfig | TransformerConfig, src_vocab_size: int, tgt_vocab_size: int, pad_id: int = 0) -> nn.Module:
+def build_model(cfg: LSTMConfig | TransformerConfig, src_vocab_size: int, tgt_vocab_size: int,
+                pad_id: int = 0) -> nn.Module:
     return ARCHS[cfg.arch](cfg, src_vocab_size, tgt_vocab_size, pad_id)
 
 

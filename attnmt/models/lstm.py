@@ -5,9 +5,9 @@ Letters: B batch, S source length, T target length, E embedding width, H encoder
 direction (the memory is 2H wide), Hd decoder hidden size (default 2H), L decoder layers, V vocabulary.
 
 One decoder step (t = 1 .. T):
-    h_t = LSTM([embed(y_{t-1}); a_{t-1}], state_{t-1})      input feeding: a_{t-1} is the last attentional vector
-    c_t, alpha_t = attention(h_t, memory, src_mask)           alpha_t (B, S): where the model looks
-    a_t = tanh(W_c [h_t; c_t])                                Luong et al. 2015, eq. 5
+    h_t = LSTM([embed(y_{t-1}); a_{t-1}], state_{t-1})   input feeding: a_{t-1} is the last attentional vector
+    c_t, alpha_t = attention(h_t, memory, src_mask)        alpha_t (B, S): where the model looks
+    a_t = tanh(W_c [h_t; c_t])                             Luong et al. 2015, eq. 5
     logits_t = W_o dropout(a_t)
 """
 
@@ -42,21 +42,24 @@ class LSTMModel(nn.Module):
         super().__init__()
         if cfg.share_embeddings and src_vocab_size != tgt_vocab_size:
             raise ValueError(
-                f"model.share_embeddings needs one joint vocabulary, got {src_vocab_size} source and {tgt_vocab_size} target pieces"
+                "model.share_embeddings needs one joint vocabulary, "
+                f"got {src_vocab_size} source and {tgt_vocab_size} target pieces"
             )
         self.cfg, self.pad_id = cfg, pad_id
         H, E = cfg.hidden_size, cfg.emb_dim
         Hd = self.dec_hidden = cfg.dec_hidden_size or 2 * H
         self.out_dim = E if cfg.tie_embeddings else Hd
         self.src_embed = nn.Embedding(src_vocab_size, E, padding_idx=pad_id)
-        self.tgt_embed = self.src_embed if cfg.share_embeddings else nn.Embedding(tgt_vocab_size, E, padding_idx=pad_id)
+        self.tgt_embed = (self.src_embed if cfg.share_embeddings
+                          else nn.Embedding(tgt_vocab_size, E, padding_idx=pad_id))
         self.dropout = nn.Dropout(cfg.dropout)
-        self.encoder = nn.LSTM(E, H, cfg.enc_layers, batch_first=True, bidirectional=True, dropout=cfg.dropout if cfg.enc_layers > 1 else 0.0)
+        self.encoder = nn.LSTM(E, H, cfg.enc_layers, batch_first=True, bidirectional=True,
+                               dropout=cfg.dropout if cfg.enc_layers > 1 else 0.0)
         # Bridge: the encoder's final states (both directions) -> the decoder's initial h and c per layer.
         self.bridge_h = nn.Linear(2 * H, cfg.dec_layers * Hd)
         self.bridge_c = nn.Linear(2 * H, cfg.dec_layers * Hd)
-        self.decoder = nn.LSTM(E + (self.out_dim if cfg.input_feeding else 0), Hd, cfg.dec_layers, batch_first=True,
-                               dropout=cfg.dropout if cfg.dec_layers > 1 else 0.0)
+        self.decoder = nn.LSTM(E + (self.out_dim if cfg.input_feeding else 0), Hd, cfg.dec_layers,
+                               batch_first=True, dropout=cfg.dropout if cfg.dec_layers > 1 else 0.0)
         self.attention = Attention(cfg.attention, Hd, 2 * H, cfg.attn_dim)
         self.combine = nn.Linear(Hd + 2 * H, self.out_dim, bias=False)
         self.output = nn.Linear(self.out_dim, tgt_vocab_size, bias=False)
@@ -75,10 +78,12 @@ class LSTMModel(nn.Module):
         # Last layer's forward and backward final states: (2, B, H) -> (B, 2H).
         h_last = torch.cat([h_n[-2], h_n[-1]], dim=-1)
         c_last = torch.cat([c_n[-2], c_n[-1]], dim=-1)
-        h0 = torch.tanh(self.bridge_h(h_last)).view(B, L, Hd)  # (B, L, Hd): batch first so select() can reorder it
+        # (B, L, Hd): batch first so select() can reorder it
+        h0 = torch.tanh(self.bridge_h(h_last)).view(B, L, Hd)
         c0 = self.bridge_c(c_last).view(B, L, Hd)
         keys = self.attention.project_keys(memory)
-        return LSTMState(memory=memory, keys=keys, src_mask=src_mask, h=h0, c=c0, feed=memory.new_zeros(B, self.out_dim))
+        return LSTMState(memory=memory, keys=keys, src_mask=src_mask, h=h0, c=c0,
+                         feed=memory.new_zeros(B, self.out_dim))
 
     def step(self, tokens: torch.Tensor, state: LSTMState, need_attention: bool = False):
         """tokens (N,) -> (logits (N, V), new state, attention (N, S) or None); N = sentences x beams."""
@@ -89,7 +94,8 @@ class LSTMModel(nn.Module):
         out, (h, c) = self.decoder(x[:, None], hc)  # out (B, 1, Hd)
         query = out[:, 0]  # (N, Hd)
         # A sentence's beams are extra queries of it: memory and keys are never copied per beam.
-        context, weights = self.attention(to_blocks(query, state.beams), state.keys, state.memory, state.src_mask)
+        context, weights = self.attention(to_blocks(query, state.beams), state.keys, state.memory,
+                                          state.src_mask)
         context, weights = context.flatten(0, 1), weights.flatten(0, 1)  # (N, 2H), (N, S)
         feed = torch.tanh(self.combine(torch.cat([query, context], dim=-1)))  # (B, out_dim)
         logits = self.output(self.dropout(feed))  # (B, V)
@@ -97,14 +103,16 @@ class LSTMModel(nn.Module):
         return logits, new_state, (weights if need_attention else None)
 
     def forward(self, batch, need_attention: bool = False) -> ModelOutput:
-        """Teacher forcing: step through tgt_in, returning logits (B, T, V) and, if asked, the attention (B, T, S)."""
+        """Teacher forcing: step through tgt_in, returning logits (B, T, V) and, if asked, the attention
+        (B, T, S)."""
         state = self.encode(batch.src, batch.src_mask)
         logits, weights = [], []
         for t in range(batch.tgt_in.size(1)):
             step_logits, state, w = self.step(batch.tgt_in[:, t], state, need_attention)
             logits.append(step_logits)
             weights.append(w)
-        attention = {"cross": [torch.stack(weights, dim=1)[:, None]]} if need_attention else None  # [(B, 1, T, S)]
+        # [(B, 1, T, S)]
+        attention = {"cross": [torch.stack(weights, dim=1)[:, None]]} if need_attention else None
         return ModelOutput(torch.stack(logits, dim=1), attention)
 
     def select(self, state: LSTMState, index: torch.Tensor, inplace: bool = False) -> LSTMState:

@@ -69,7 +69,8 @@ class TranslationModel(Protocol[State]):
 
     def encode(self, src: torch.Tensor, src_mask: torch.Tensor) -> State: ...
 
-    def step(self, tokens: torch.Tensor, state: State, need_attention: bool = False) -> tuple[torch.Tensor, State, torch.Tensor | None]: ...
+    def step(self, tokens: torch.Tensor, state: State,
+             need_attention: bool = False) -> tuple[torch.Tensor, State, torch.Tensor | None]: ...
 
     def select(self, state: State, index: torch.Tensor, inplace: bool = False) -> State: ...
 
@@ -103,7 +104,8 @@ def sentences_of(index: torch.Tensor, beams: int, n_sentences: int) -> tuple[tor
         blocks = sentence.view(-1, first_run)  # (B', G')
         if bool((blocks == blocks[:, :1]).all()):
             kept = blocks[:, 0]
-            unchanged = kept.numel() == n_sentences and bool((kept == torch.arange(n_sentences, device=kept.device)).all())
+            unchanged = (kept.numel() == n_sentences
+                         and bool((kept == torch.arange(n_sentences, device=kept.device)).all()))
             return (None if unchanged else kept), first_run
     return sentence, 1
 

@@ -51,7 +51,8 @@ class Positions(nn.Module):
         end = start + length
         if self.kind == "learned":
             if end > self.max_positions:
-                raise ValueError(f"sequence of {end} positions exceeds model.max_positions = {self.max_positions}")
+                raise ValueError(f"sequence of {end} positions exceeds model.max_positions = "
+                                 f"{self.max_positions}")
             return self.table.weight[start:end]
         if end > self.table.size(0):
             return sinusoid(torch.arange(start, end, device=device), self.d_model)
@@ -62,8 +63,8 @@ class FeedForward(nn.Sequential):
     """The position-wise feed-forward sublayer (sec. 3.3): Linear, ReLU or GELU, dropout, Linear."""
 
     def __init__(self, d_model: int, d_ff: int, activation: str, dropout: float) -> None:
-        super().__init__(nn.Linear(d_model, d_ff), nn.ReLU() if activation == "relu" else nn.GELU(), nn.Dropout(dropout),
-                         nn.Linear(d_ff, d_model))
+        super().__init__(nn.Linear(d_model, d_ff), nn.ReLU() if activation == "relu" else nn.GELU(),
+                         nn.Dropout(dropout), nn.Linear(d_ff, d_model))
 
 
 class Sublayer(nn.Module):
@@ -93,12 +94,16 @@ class EncoderLayer(nn.Module):
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
         pre = cfg.norm == "pre"
-        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attn_dropout, encoder_kernel(cfg), cfg.heads)
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attn_dropout, encoder_kernel(cfg),
+                                            cfg.heads)
         self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.dropout)
-        self.sub_attn, self.sub_ffn = Sublayer(cfg.d_model, cfg.dropout, pre), Sublayer(cfg.d_model, cfg.dropout, pre)
+        self.sub_attn, self.sub_ffn = (Sublayer(cfg.d_model, cfg.dropout, pre),
+                                       Sublayer(cfg.d_model, cfg.dropout, pre))
 
-    def forward(self, x: torch.Tensor, src_mask: torch.Tensor, need_weights: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        x, weights = self.sub_attn(x, lambda h: self.self_attn(h, h, h, src_mask, need_weights=need_weights))  # (B, S, D)
+    def forward(self, x: torch.Tensor, src_mask: torch.Tensor,
+                need_weights: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        # (B, S, D)
+        x, weights = self.sub_attn(x, lambda h: self.self_attn(h, h, h, src_mask, need_weights=need_weights))
         x, _ = self.sub_ffn(x, lambda h: (self.ffn(h), None))
         return x, weights
 
@@ -107,10 +112,12 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
         pre = cfg.norm == "pre"
-        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attn_dropout, cfg.dec_kernel, cfg.heads)
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attn_dropout, cfg.dec_kernel,
+                                            cfg.heads)
         self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attn_dropout, "sdpa", cfg.heads)
         self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.dropout)
-        self.sub_self, self.sub_cross, self.sub_ffn = (Sublayer(cfg.d_model, cfg.dropout, pre) for _ in range(3))
+        self.sub_self, self.sub_cross, self.sub_ffn = (Sublayer(cfg.d_model, cfg.dropout, pre)
+                                                       for _ in range(3))
 
     def _cross_attention(self, h, cross_kv, src_mask, need_weights, beams, kernel=None):
         """h (N, t, D) with ``beams`` rows per sentence of ``cross_kv``: they attend to their sentence as
@@ -119,10 +126,12 @@ class DecoderLayer(nn.Module):
         N, t, _ = h.shape
         q = self.cross_attn.project_q(h)  # (N, H, t, dh) with N = B * K
         if beams == 1:
-            return self.cross_attn.attend(q, cross_kv[0], cross_kv[1], src_mask, need_weights=need_weights, kernel=kernel)
+            return self.cross_attn.attend(q, cross_kv[0], cross_kv[1], src_mask, need_weights=need_weights,
+                                          kernel=kernel)
         B, H = N // beams, q.size(1)
         q = q.view(B, beams, H, t, -1).transpose(1, 2).reshape(B, H, beams * t, -1)  # (B, H, K*t, dh)
-        out, weights = self.cross_attn.attend(q, cross_kv[0], cross_kv[1], src_mask, need_weights=need_weights, kernel=kernel)
+        out, weights = self.cross_attn.attend(q, cross_kv[0], cross_kv[1], src_mask,
+                                              need_weights=need_weights, kernel=kernel)
         out = out.reshape(N, t, -1)  # (B, K*t, D) -> (N, t, D)
         if weights is not None:
             weights = weights.view(B, H, beams, t, -1).transpose(1, 2).reshape(N, H, t, -1)  # (N, H, t, S)
@@ -142,7 +151,8 @@ class DecoderLayer(nn.Module):
             return self.self_attn.attend(q, k, v, None, causal=True, need_weights=need_weights)
 
         x, self_weights = self.sub_self(x, self_attention)
-        x, cross_weights = self.sub_cross(x, lambda h: self._cross_attention(h, cross_kv, src_mask, need_weights, 1))
+        x, cross_weights = self.sub_cross(
+            x, lambda h: self._cross_attention(h, cross_kv, src_mask, need_weights, 1))
         x, _ = self.sub_ffn(x, lambda h: (self.ffn(h), None))
         return x, self_weights, cross_weights
 
@@ -169,22 +179,26 @@ class DecoderLayer(nn.Module):
 
         x, _ = self.sub_self(x, self_attention)
         x, cross_weights = self.sub_cross(
-            x, lambda h: self._cross_attention(h, cross_kv, src_mask, need_weights, beams, self.cross_attn.step_kernel)
+            x, lambda h: self._cross_attention(h, cross_kv, src_mask, need_weights, beams,
+                                               self.cross_attn.step_kernel)
         )
         x, _ = self.sub_ffn(x, lambda h: (self.ffn(h), None))
         return x, cross_weights
 
 
 class TransformerModel(nn.Module):
-    def __init__(self, cfg: TransformerConfig, src_vocab_size: int, tgt_vocab_size: int, pad_id: int = 0) -> None:
+    def __init__(self, cfg: TransformerConfig, src_vocab_size: int, tgt_vocab_size: int,
+                 pad_id: int = 0) -> None:
         super().__init__()
         if cfg.share_embeddings and src_vocab_size != tgt_vocab_size:
             raise ValueError(
-                f"model.share_embeddings needs one joint vocabulary, got {src_vocab_size} source and {tgt_vocab_size} target pieces"
+                "model.share_embeddings needs one joint vocabulary, "
+                f"got {src_vocab_size} source and {tgt_vocab_size} target pieces"
             )
         self.cfg, self.pad_id = cfg, pad_id
         self.src_embed = nn.Embedding(src_vocab_size, cfg.d_model, padding_idx=pad_id)
-        self.tgt_embed = self.src_embed if cfg.share_embeddings else nn.Embedding(tgt_vocab_size, cfg.d_model, padding_idx=pad_id)
+        self.tgt_embed = (self.src_embed if cfg.share_embeddings
+                          else nn.Embedding(tgt_vocab_size, cfg.d_model, padding_idx=pad_id))
         for embed in {id(self.src_embed): self.src_embed, id(self.tgt_embed): self.tgt_embed}.values():
             nn.init.normal_(embed.weight, std=cfg.d_model**-0.5)
             nn.init.zeros_(embed.weight[pad_id])
@@ -203,7 +217,8 @@ class TransformerModel(nn.Module):
         x = embed(tokens) * math.sqrt(self.cfg.d_model)  # (B, L, D): scaled as in sec. 3.4
         return self.dropout(x + self.positions(start, tokens.size(1), tokens.device))
 
-    def _encode(self, src: torch.Tensor, src_mask: torch.Tensor, need_weights: bool) -> tuple[torch.Tensor, list]:
+    def _encode(self, src: torch.Tensor, src_mask: torch.Tensor,
+                need_weights: bool) -> tuple[torch.Tensor, list]:
         x = self._embed(self.src_embed, src, 0)  # (B, S, D)
         weights = []
         for layer in self.encoder:
@@ -223,7 +238,8 @@ class TransformerModel(nn.Module):
             self_weights.append(sw)
             cross_weights.append(cw)
         logits = self.output(self.dec_norm(x))  # (B, T, V)
-        attention = {"enc_self": enc_weights, "dec_self": self_weights, "cross": cross_weights} if need_attention else None
+        attention = ({"enc_self": enc_weights, "dec_self": self_weights, "cross": cross_weights}
+                     if need_attention else None)
         return ModelOutput(logits, attention)
 
     # ------------------------------------------------------------------ incremental decoding
@@ -237,7 +253,8 @@ class TransformerModel(nn.Module):
 
     cache_capacity = 16  # positions allocated at first; the buffers double when full
 
-    def _new_cache(self, N: int, capacity: int, like: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def _new_cache(self, N: int, capacity: int,
+                   like: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         H = self.cfg.n_heads
         shape = (N, H, capacity, self.cfg.d_model // H)
         return [(like.new_empty(shape), like.new_empty(shape)) for _ in self.decoder]
@@ -245,7 +262,8 @@ class TransformerModel(nn.Module):
     def _copy_cache(self, cache: list, pos: int, capacity: int, index: torch.Tensor | None = None) -> list:
         """Fresh buffers of ``capacity`` positions holding positions 0 .. pos - 1 of ``cache``: every row,
         or the rows ``index`` (N',)."""
-        fresh = self._new_cache(cache[0][0].size(0) if index is None else index.numel(), capacity, cache[0][0])
+        fresh = self._new_cache(cache[0][0].size(0) if index is None else index.numel(), capacity,
+                                cache[0][0])
         for old, new in zip(cache, fresh):
             for a, b in zip(old, new):  # keys, then values
                 if index is None:
@@ -262,16 +280,19 @@ class TransformerModel(nn.Module):
         # copied by each of those products.
         cross_kv = [(k.contiguous(), v.contiguous()) for k, v in self._cross_kv(memory)]
         cache = self._new_cache(src.size(0), self.cache_capacity, memory)
-        return TransformerState(src_mask=src_mask, cross_kv=cross_kv, self_kv=cache, filled=CacheFill(0), pos=0)
+        return TransformerState(src_mask=src_mask, cross_kv=cross_kv, self_kv=cache, filled=CacheFill(0),
+                                pos=0)
 
     def step(self, tokens: torch.Tensor, state: TransformerState, need_attention: bool = False):
-        """tokens (N,) -> (logits (N, V), new state, head-averaged last-layer cross-attention (N, S) or None)."""
+        """tokens (N,) -> (logits (N, V), new state, head-averaged last-layer cross-attention (N, S) or
+        None)."""
         pos, cache, filled = state.pos, state.self_kv, state.filled.check()
         capacity = cache[0][0].size(2)
         # Fresh buffers when another step wrote past this state, when there is no room left, or when
         # autograd is recording (it must not see a buffer that an earlier step's attention read be written).
         if filled.n != pos or pos == capacity or torch.is_grad_enabled():
-            cache, filled = self._copy_cache(cache, pos, capacity * 2 if pos == capacity else capacity), CacheFill(pos)
+            cache, filled = (self._copy_cache(cache, pos, capacity * 2 if pos == capacity else capacity),
+                             CacheFill(pos))
         x = self._embed(self.tgt_embed, tokens[:, None], pos)  # (N, 1, D)
         cross = None
         for layer, layer_cache, cross_kv in zip(self.decoder, cache, state.cross_kv):
@@ -293,7 +314,8 @@ class TransformerModel(nn.Module):
         pos, cache, N = state.pos, state.self_kv, index.numel()
         n_sentences = state.src_mask.size(0)
         if inplace and filled.n == pos and N <= cache[0][0].size(0) and not torch.is_grad_enabled():
-            moved = (index != torch.arange(N, device=index.device)).nonzero()[:, 0]  # (m,) rows with a new parent
+            # (m,) rows with a new parent
+            moved = (index != torch.arange(N, device=index.device)).nonzero()[:, 0]
             if moved.numel():
                 parents = index[moved]
                 for k, v in cache:
@@ -301,7 +323,8 @@ class TransformerModel(nn.Module):
                     k[moved, :, :pos] = k[parents, :, :pos]
                     v[moved, :, :pos] = v[parents, :, :pos]
             filled.n = -1  # the old state is spent
-            return select_rows(state, index, n_sentences, self_kv=[(k[:N], v[:N]) for k, v in cache], filled=CacheFill(pos))
+            return select_rows(state, index, n_sentences, self_kv=[(k[:N], v[:N]) for k, v in cache],
+                               filled=CacheFill(pos))
         cache = self._copy_cache(cache, pos, cache[0][0].size(2), index)
         return select_rows(state, index, n_sentences, self_kv=cache, filled=CacheFill(pos))
 
@@ -318,7 +341,8 @@ class CacheFill:
     def check(self) -> CacheFill:
         if self.n < 0:
             raise RuntimeError(
-                "this decoding state, or one stepped from it, was given to select(..., inplace=True): it may not be used again"
+                "this decoding state, or one stepped from it, was given to select(..., inplace=True): "
+                "it may not be used again"
             )
         return self
 
@@ -328,7 +352,9 @@ class TransformerState(DecoderState):
     """The Transformer's decoding state (``models/protocol.py``): N rows = sentences x beams."""
 
     src_mask: torch.Tensor = per_sentence()  # (B, S)
-    cross_kv: list[tuple[torch.Tensor, torch.Tensor]] = per_sentence()  # per decoder layer, each (B, H, S, dh)
-    self_kv: list[tuple[torch.Tensor, torch.Tensor]]  # per decoder layer, each (N, H, capacity, dh); moved by the model
+    # per decoder layer, each (B, H, S, dh)
+    cross_kv: list[tuple[torch.Tensor, torch.Tensor]] = per_sentence()
+    # per decoder layer, each (N, H, capacity, dh); moved by the model
+    self_kv: list[tuple[torch.Tensor, torch.Tensor]]
     filled: CacheFill  # how far the self_kv buffers are written
     pos: int  # the next target position
