@@ -10,17 +10,17 @@ line of every key for these messages.
 
 from __future__ import annotations
 
-import difflib
 import re
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args, get_origin
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
 from pydantic import StrictBool as Bool
 from pydantic import StrictInt as Int
 from pydantic import StrictStr as Str
 
+from .config_errors import describe
 from .errors import ConfigError
 from .yaml12 import parse_yaml, read_yaml_file
 
@@ -259,6 +259,10 @@ class Config(Section):
         return self.model_dump(mode="json")
 
 
+# The tags of the config's unions (data sources, model architectures), which pydantic puts in error locations.
+UNION_TAGS = frozenset({"text", "tsv", "jsonl", "hf", "toy", "lstm", "transformer"})
+
+
 # -------------------------------------------------------------------------------------- load_config
 
 
@@ -285,7 +289,7 @@ def config_from_dict(data: Any, source: str = "<config>", base_dir: Path | None 
     try:
         cfg = Config.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(_describe(e, source, lines, overrides)) from None
+        raise ConfigError(describe(e, source, lines, overrides, Config, UNION_TAGS)) from None
     if base_dir is not None:
         # Paths in the file are relative to the file; paths typed on the command line, to the shell.
         _resolve_paths(cfg, base_dir.resolve(), "", {o.partition("=")[0].strip() for o in overrides})
@@ -336,111 +340,3 @@ def _resolve_paths(model: BaseModel, base: Path, prefix: str = "",
 def _absolute(path: Path, base: Path) -> Path:
     path = path.expanduser()
     return path if path.is_absolute() else base / path
-
-
-# ------------------------------------------------------------------------------------- error text
-
-_TYPE_WORDS = {bool: "boolean", int: "integer", float: "number", str: "string", list: "list", dict: "mapping",
-               type(None): "null"}
-
-
-def _describe(error: ValidationError, source: str, lines: dict[tuple[str, ...], int], overrides) -> str:
-    """The first validation error as ``file:line: dotted.key: what is wrong``."""
-    err = error.errors(include_url=False)[0]
-    loc = _clean_loc(err["loc"])
-    key = ".".join(str(p) for p in loc) or "(top level)"
-    message = _message(err, loc)
-    line = None
-    for n in range(len(loc), 0, -1):
-        line = lines.get(tuple(str(p) for p in loc[:n]))
-        if line is not None:
-            break
-    override_keys = {o.partition("=")[0].strip() for o in overrides}
-    if key in override_keys:
-        return f"--set {key}: {message}"
-    where = f"{source}:{line}" if line else source
-    return f"{where}: {key}: {message}"
-
-
-_TAGS = {"text", "tsv", "jsonl", "hf", "toy", "lstm", "transformer"}
-
-
-def _clean_loc(loc: tuple) -> tuple:
-    """Drop pydantic's union-member tags (``model.transformer.n_heads`` -> ``model.n_heads``)."""
-    out = []
-    for i, part in enumerate(loc):
-        if (i > 0 and isinstance(part, str) and part in _TAGS
-                and loc[i - 1] in ("model", "train", "dev", "test")):
-            continue
-        if isinstance(part, str) and (part.startswith("function-")
-                                      or part in ("list[Path]", "Path", "none", "tuple")):
-            continue
-        out.append(part)
-    return tuple(out)
-
-
-def _message(err: dict, loc: tuple) -> str:
-    kind = err["type"]
-    value = err.get("input")
-    if kind == "extra_forbidden":
-        valid = _valid_keys(loc[:-1])
-        close = difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.6)
-        hint = (f" (did you mean {close[0]}?)" if close
-                else (f" (valid keys: {', '.join(valid)})" if valid else ""))
-        return f"unknown key{hint}"
-    if kind == "missing":
-        return "required key is missing"
-    got = _TYPE_WORDS.get(type(value), type(value).__name__)
-    if kind in ("string_type", "string_sub_type"):
-        hint = f" (quote it: '{str(value).lower()}')" if isinstance(value, bool) else ""
-        return f"expected a string, got {got}{hint}"
-    if kind in ("int_type", "int_parsing", "int_from_float"):
-        return f"expected an integer, got {got} {value!r}"
-    if kind in ("float_type", "float_parsing"):
-        return f"expected a number, got {got} {value!r}"
-    if kind == "finite_number":
-        return "must be a finite number"
-    if kind == "bool_type":
-        return f"expected true or false, got {got} {value!r}"
-    if kind in ("literal_error", "enum"):
-        return f"{value!r} is not one of {err['ctx']['expected']}"
-    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
-        op = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<",
-              "less_than_equal": "<="}[kind]
-        bound = next(iter(err["ctx"].values()))
-        return f"must be {op} {bound}, got {value!r}"
-    if kind == "value_error":
-        return str(err["ctx"]["error"])
-    if kind in ("model_type", "model_attributes_type", "dict_type"):
-        return f"expected a mapping, got {got}"
-    if kind == "union_tag_invalid":
-        return f"{err['ctx']['tag']!r} is not one of {err['ctx']['expected_tags']}"
-    if kind == "union_tag_not_found":
-        return f"missing key {err['ctx']['discriminator']}"
-    return err["msg"]
-
-
-def _valid_keys(loc: tuple) -> list[str]:
-    """The field names allowed at ``loc`` (used for did-you-mean hints)."""
-    classes: list[type[BaseModel]] = [Config]
-    for part in loc:
-        nxt: list[type[BaseModel]] = []
-        for cls in classes:
-            field = cls.model_fields.get(str(part))
-            if field is not None:
-                nxt.extend(_models_in(field.annotation))
-        classes = nxt
-    keys: list[str] = []
-    for cls in classes:
-        keys.extend(k for k in cls.model_fields if k not in keys)
-    return keys
-
-
-def _models_in(annotation: Any) -> list[type[BaseModel]]:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return [annotation]
-    out: list[type[BaseModel]] = []
-    if get_origin(annotation) is not None or get_args(annotation):
-        for arg in get_args(annotation):
-            out.extend(_models_in(arg))
-    return out

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 import io
-import json
 import math
 import os
 import unicodedata
@@ -34,8 +33,7 @@ from matplotlib.font_manager import FontProperties
 from matplotlib.transforms import offset_copy
 
 from .alignment import merge_words
-from .errors import DataError
-from .runfiles import RunDir, atomic_write_bytes
+from .runfiles import atomic_write_bytes
 
 FORMATS = ("png", "svg", "pdf")
 
@@ -372,123 +370,3 @@ def sentence_maps(
             written.append(save_figure(
                 fig, Path(out_dir) / f"{number:04d}_{kind}_layer{layer + 1}{suffix}.{fmt}", fmt, dpi))
     return written
-
-
-# ------------------------------------------------------------------------------------ training curves
-
-
-def read_metrics(path: Path) -> list[dict]:
-    """The records of a run's ``metrics.jsonl``; a line that is not a JSON object (say, a half-written
-    last line of a live run) is skipped."""
-    records = []
-    with open(path, encoding="utf-8") as handle:
-        for line in handle:
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict):
-                records.append(record)
-    return records
-
-
-def curves_figure(records: Sequence[dict], title: str = "") -> Figure:
-    """Train loss and dev loss (left), dev BLEU and chrF (right) against the step."""
-
-    def series(event: str, key: str) -> tuple[list[float], list[float]]:
-        points = [(r["step"], r[key]) for r in records
-                  if r.get("event") == event and isinstance(r.get(key), (int, float))
-                  and isinstance(r.get("step"), (int, float))]
-        return [p[0] for p in points], [p[1] for p in points]
-
-    train_loss, dev_loss = series("train", "loss"), series("valid", "loss")
-    bleu, chrf = series("valid", "bleu"), series("valid", "chrf")
-    if not train_loss[0] and not dev_loss[0]:
-        raise ValueError("no train or valid records with a step and a loss")
-    fig = Figure(figsize=(10, 4))
-    FigureCanvasAgg(fig)
-    left, right = fig.subplots(1, 2)
-    left.plot(*train_loss, label="train loss", linewidth=1)
-    if dev_loss[0]:
-        left.plot(*dev_loss, "o-", label="dev loss", markersize=3)
-    left.set_xlabel("step")
-    left.set_ylabel("loss (label-smoothed, per token)")
-    left.legend(fontsize=FONT_SIZE)
-    left.grid(alpha=0.3)
-    if bleu[0]:
-        right.plot(*bleu, "o-", label="dev BLEU", markersize=3)
-        right.plot(*chrf, "s-", label="dev chrF", markersize=3)
-        right.legend(fontsize=FONT_SIZE)
-    else:
-        right.text(0.5, 0.5, "no validation yet", ha="center", va="center", transform=right.transAxes)
-    right.set_xlabel("step")
-    right.set_ylabel("score")
-    right.grid(alpha=0.3)
-    if title:
-        fig.suptitle(title, fontsize=FONT_SIZE + 2, parse_math=False)
-    fig.subplots_adjust(left=0.08, right=0.98, bottom=0.13, top=0.9 if title else 0.95, wspace=0.25)
-    return fig
-
-
-def assemble(frames: Sequence[Path], out: Path, duration_ms: int = 600) -> Path:
-    """Heatmap PNGs (say, one per validation) into an animated GIF (``out`` ending in .gif) or a
-    horizontal strip (any other suffix, written as PNG); frames of other sizes are padded with white."""
-    from PIL import Image
-
-    if not frames:
-        raise ValueError("no frames to assemble")
-    images = []
-    for frame in frames:
-        with Image.open(frame) as image:
-            images.append(image.convert("RGB"))
-    out = Path(out)
-    buffer = io.BytesIO()
-    if out.suffix.lower() == ".gif":
-        width, height = max(i.width for i in images), max(i.height for i in images)
-        padded = []
-        for image in images:
-            canvas = Image.new("RGB", (width, height), "white")
-            canvas.paste(image, (0, 0))
-            padded.append(canvas)
-        padded[0].save(buffer, format="GIF", save_all=True, append_images=padded[1:], duration=duration_ms,
-                       loop=0)
-    else:
-        width, height = sum(i.width for i in images), max(i.height for i in images)
-        strip = Image.new("RGB", (width, height), "white")
-        x = 0
-        for image in images:
-            strip.paste(image, (x, 0))
-            x += image.width
-        strip.save(buffer, format="PNG")
-    atomic_write_bytes(out, buffer.getvalue(), durable=False)
-    return out
-
-
-def run_curves(run_dir: Path, out: Path) -> Path:
-    """``attnmt plot-curves``: the curves of a run folder's ``metrics.jsonl`` written as a PNG to ``out``."""
-    run = RunDir(Path(run_dir))
-    if not run.root.is_dir():
-        raise DataError(f"{run_dir}: no such run folder")
-    if not run.metrics.is_file():
-        raise DataError(f"{run.metrics}: not found (has this run trained yet?)")
-    try:
-        fig = curves_figure(read_metrics(run.metrics), title=str(run.root.name))
-    except ValueError as e:
-        raise DataError(f"{run.metrics}: {e}") from None
-    except UnicodeDecodeError as e:
-        raise DataError(f"{run.metrics}: invalid UTF-8 at byte offset {e.start}") from None
-    return save_figure(fig, out, "png")
-
-
-def animate_run(run_dir: Path) -> list[tuple[Path, int]]:
-    """The heatmaps drawn during training (``RUN/plots/step_*/NAME.png``) as one GIF per NAME in
-    ``RUN/plots``; returns (file, frames) of each."""
-    plots = Path(run_dir) / "plots"
-    frames: dict[str, list[Path]] = {}
-    for step_dir in sorted(plots.glob("step_*")):
-        for png in sorted(step_dir.glob("*.png")):
-            frames.setdefault(png.name, []).append(png)
-    if not frames:
-        raise DataError(f"{plots}: no heatmaps from training (train them with --set train.plot_every=1)")
-    return [(assemble(paths, plots / (Path(name).stem + ".gif")), len(paths))
-            for name, paths in frames.items()]

@@ -6,21 +6,15 @@ the micro-batch among the step's micro-batches on every rank). So a resumed run,
 accumulating N micro-batches, all draw the same batches and the same dropout masks, and log the same
 losses.
 
-Normalisation: each micro-batch's loss is a sum over its real target tokens, divided by the number of
-target tokens of the whole step (every micro-batch, every rank). DDP averages gradients over ranks, so
-the loss is multiplied by the world size first.
-
-The parts: ``distributed`` (device, ranks), ``optim`` (AdamW, the schedule), ``checkpoint`` (the payload,
-resume checks), ``keeper`` (which checkpoints stay), ``validation`` (dev scores, heatmaps), ``runlog``
-(records and events), ``faults`` (what tests inject). ``Trainer`` holds them across steps.
+The parts: ``step`` (one optimizer step and its normalisation), ``distributed`` (device, ranks), ``optim``
+(AdamW, the schedule), ``checkpoint`` (the payload, resume checks), ``keeper`` (which checkpoints stay),
+``validation`` (dev scores, heatmaps), ``runlog`` (records and events), ``faults`` (what tests inject).
+``Trainer`` holds them across steps.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import logging
-import math
 import os
 import signal
 import sys
@@ -47,9 +41,8 @@ from .distributed import choose_device, setup_distributed
 from .errors import AttnmtError, CheckpointError, ConfigError, DivergedError, is_out_of_memory
 from .faults import NO_FAULTS, Faults
 from .keeper import CheckpointKeeper
-from .loss import label_smoothed_nll
 from .models import build_model
-from .optim import Schedule, make_optimizer, set_lr
+from .optim import Schedule, make_optimizer
 from .prepare import prepare
 from .runfiles import RunDir
 from .runlog import (
@@ -63,6 +56,7 @@ from .runlog import (
     TrainRecord,
     open_tensorboard,
 )
+from .step import OptimizerStep, StepResult
 from .tokenizer import PAD_ID, load_tokenizer
 from .validation import Validator
 
@@ -97,27 +91,6 @@ class Progress:
     train_seconds: float = 0.0  # wall time spent in the loop, over all resumes
     # [{"step", "file", "sha256", "score"}], best first (``keeper``)
     best: list[dict] = field(default_factory=list)
-
-
-@dataclass
-class StepResult:
-    """One optimizer step, summed over its micro-batches and ranks."""
-
-    skipped: bool  # the gradient was not finite: no update
-    stop_requested: bool  # a rank got SIGINT/SIGTERM
-    time_up: bool  # train.max_minutes is spent
-    loss: float = 0.0  # label-smoothed loss, summed over target tokens
-    nll: float = 0.0
-    tgt_tokens: float = 0.0
-    tokens: float = 0.0  # source + target
-    grad_norm: float | None = None  # before clipping
-    lr: float | None = None
-
-
-def step_seed(seed: int, step: int, position: int) -> int:
-    """A seed for one micro-batch, the same whichever rank or accumulation slot computes it."""
-    digest = hashlib.sha256(f"{seed}/{step}/{position}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
 class Trainer:
@@ -171,7 +144,10 @@ class Trainer:
         if self.dist.active:
             device_ids = [self.device.index] if self.device.type == "cuda" else None
             self.ddp_model = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=device_ids)
-        self.forward = torch.compile(self.ddp_model) if self.tc.compile else self.ddp_model
+        forward = torch.compile(self.ddp_model) if self.tc.compile else self.ddp_model
+        self.step = OptimizerStep(self.model, self.ddp_model, forward, self.optimizer, self.schedule,
+                                  self.scaler, self.autocast_dtype, self.dist, self.device, self.tc,
+                                  self.train_data, self.faults)
         if self.tc.tensorboard and self.dist.main:
             self.log.tensorboard = open_tensorboard(run)
 
@@ -319,67 +295,25 @@ class Trainer:
     # ---------------------------------------------------------------- one step
 
     def train_step(self, micro_batches: list[list[int]]) -> StepResult:
-        """Forward and backward every micro-batch of this rank's share of the step, then maybe update."""
-        step = self.progress.step + 1
-        loss_sum, nll_sum, global_tgt, global_src = self._backward(micro_batches, step)
-        stop_requested = float(self.stop_signal is not None)
-        # Rank 0's clock decides max_minutes; the sum shares its decision, so every rank stops together.
-        time_up = float(self.dist.main and self.tc.max_minutes > 0
-                        and self.elapsed() >= 60 * self.tc.max_minutes)
-        loss_sum, nll_sum, stop_requested, time_up = self.dist.all_sum(
-            [loss_sum, nll_sum, stop_requested, time_up])
-        if self.scaler:
-            self.scaler.unscale_(self.optimizer)
-        max_norm = self.tc.clip_norm if self.tc.clip_norm > 0 else float("inf")
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
-        self.progress.step = step
-        if not math.isfinite(grad_norm) or not math.isfinite(loss_sum):
-            self._skip_step(step, micro_batches)
-            return StepResult(skipped=True, stop_requested=stop_requested > 0, time_up=time_up > 0)
-        self.progress.nonfinite_in_row = 0
-        lr = self.schedule.lr(step)
-        set_lr(self.optimizer, lr)
-        if self.scaler:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.progress.tokens_seen += int(global_tgt + global_src)
-        return StepResult(False, stop_requested > 0, time_up > 0, loss_sum, nll_sum, global_tgt,
-                          global_tgt + global_src, grad_norm, lr)
+        """One optimizer step on this rank's share of the step's micro-batches; counts a skipped one."""
+        p, tc = self.progress, self.tc
+        p.step += 1
 
-    def _backward(self, micro_batches: list[list[int]], step: int) -> tuple[float, float, float, float]:
-        """Gradients of this rank's micro-batches, each loss over the step's target tokens on every rank;
-        returns (loss sum, nll sum, global target tokens, global source tokens)."""
-        batches = [self.train_data.batch(indices) for indices in micro_batches]
-        local_tgt, local_src = sum(b.n_tgt_tokens for b in batches), sum(b.n_src_tokens for b in batches)
-        global_tgt, global_src = self.dist.all_sum([float(local_tgt), float(local_src)])
-        loss_sum = nll_sum = 0.0
-        autocast = {"dtype": self.autocast_dtype, "enabled": self.autocast_dtype is not None}
-        for m, batch in enumerate(batches):
-            torch.manual_seed(step_seed(self.tc.seed, step, m * self.dist.world_size + self.dist.rank))
-            batch = batch.to(self.device, non_blocking=True)
-            last = m == len(batches) - 1 or not self.dist.active
-            with (contextlib.nullcontext() if last else self.ddp_model.no_sync(),
-                  torch.autocast(self.device.type, **autocast)):
-                out = self.forward(batch)
-                loss = label_smoothed_nll(out.logits, batch.tgt_out, PAD_ID, self.tc.label_smoothing)
-                if self.faults.poisons(step):
-                    loss.loss = loss.loss * float("nan")
-                scaled = loss.loss * (self.dist.world_size / max(global_tgt, 1.0))
-                (self.scaler.scale(scaled) if self.scaler else scaled).backward()
-            loss_sum += float(loss.loss.detach())
-            nll_sum += float(loss.nll)
-        return loss_sum, nll_sum, global_tgt, global_src
+        def time_up() -> bool:
+            return self.dist.main and tc.max_minutes > 0 and self.elapsed() >= 60 * tc.max_minutes
+
+        result = self.step(micro_batches, p.step, self.stop_signal is not None, time_up)
+        if result.skipped:
+            self._skip_step(p.step, micro_batches)
+        else:
+            p.nonfinite_in_row = 0
+            p.tokens_seen += int(result.tokens)
+        return result
 
     def _skip_step(self, step: int, micro_batches: list[list[int]]) -> None:
-        """A non-finite loss or gradient, identical on every rank after DDP's all-reduce: every rank skips
-        the same step; too many in a row stop the run (exit 6)."""
+        """Count and log a skipped step (``step.OptimizerStep``: a non-finite loss or gradient, the same on
+        every rank); too many in a row stop the run (exit 6)."""
         p = self.progress
-        self.optimizer.zero_grad(set_to_none=True)
-        if self.scaler:
-            self.scaler.update()
         p.nonfinite_skips += 1
         p.nonfinite_in_row += 1
         self.log.record(NonfiniteRecord(step, p.nonfinite_skips,

@@ -93,6 +93,7 @@ def test_the_check_has_teeth(tmp_path):
         (tmp_path / "attnmt" / f"{name}.py").write_text("")
     source.write_text("from ..train import fit\nfrom . import app\n"
                       "def f():\n    import attnmt.plot\n    from .. import decode, __version__\n")
-    assert imports(source, tmp_path) == {"attnmt.train", "attnmt.cli.app", "attnmt.plot", "attnmt.decode", "attnmt"}
+    expected = {"attnmt.train", "attnmt.cli.app", "attnmt.plot", "attnmt.decode", "attnmt"}
+    assert imports(source, tmp_path) == expected
     layers = chart()
     assert layers["train"] > layers["decode"] > layers["models"]

@@ -6,7 +6,6 @@ given dpi, and matplotlib's rcParams unchanged.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import warnings
@@ -129,33 +128,3 @@ def test_sentence_maps_writes_one_file_per_kind_and_layer(tmp_path):
     ]
     assert all(p.stat().st_size > 0 for p in written)
     assert not list(tmp_path.glob(".*tmp*"))  # written atomically: no temporary file left
-
-
-# ----------------------------------------------------------------------------------- curves and GIFs
-
-
-def test_curves_from_metrics_and_heatmaps_assembled(tmp_path):
-    metrics = tmp_path / "metrics.jsonl"
-    records = [{"event": "train", "step": s, "loss": 5 - s / 10} for s in range(1, 30)]
-    records += [{"event": "valid", "step": s, "loss": 4 - s / 20, "bleu": s, "chrf": 2 * s}
-                for s in (10, 20, 30)]
-    metrics.write_text("\n".join(map(json.dumps, records)) + "\n{half a line", encoding="utf-8")
-    fig = plot.curves_figure(plot.read_metrics(metrics))
-    assert [line.get_label() for line in fig.axes[0].get_lines()] == ["train loss", "dev loss"]
-    assert [line.get_label() for line in fig.axes[1].get_lines()] == ["dev BLEU", "dev chrF"]
-    with Image.open(plot.save_figure(fig, tmp_path / "curves.png")) as image:
-        assert image.size == (1000, 400)
-    with pytest.raises(ValueError, match="no train or valid"):
-        plot.curves_figure([{"event": "start"}])
-
-    frames = []
-    for k, n in enumerate((3, 5)):  # frames of different sizes
-        frames.append(
-            plot.save_figure(plot.attention_figure(np.eye(n), list("abcde")[:n], list("vwxyz")[:n]),
-                             tmp_path / f"{k}.png", dpi=30)
-        )
-    with Image.open(plot.assemble(frames, tmp_path / "anim.gif")) as gif:
-        assert gif.n_frames == 2
-    sizes = [Image.open(f).size for f in frames]
-    with Image.open(plot.assemble(frames, tmp_path / "strip.png")) as strip:
-        assert strip.size == (sum(w for w, _ in sizes), max(h for _, h in sizes))

@@ -174,7 +174,7 @@ def plot_curves(
                                       "(train.plot_every) as GIFs.")] = False,
 ) -> None:
     """Training curves (train loss, dev loss, dev BLEU and chrF against the step) as one PNG."""
-    from ..plot import animate_run, run_curves
+    from ..curves import animate_run, run_curves
 
     target = out if out is not None else run_dir / "curves.png"
     if target.is_dir():

@@ -1,0 +1,119 @@
+"""One optimizer step of training: forward and backward over a rank's micro-batches, then clip and update,
+or skip a step whose loss or gradient is not finite.
+
+Normalisation: each micro-batch's loss is a sum over its real target tokens, divided by the number of
+target tokens of the whole step (every micro-batch, every rank). DDP averages gradients over ranks, so
+the loss is multiplied by the world size first. Randomness inside a step is reseeded from (seed, step,
+position of the micro-batch among the step's micro-batches on every rank), so N ranks and one rank
+accumulating N micro-batches draw the same dropout masks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from .batching import EncodedSplit
+from .config import TrainConfig
+from .distributed import Dist
+from .faults import Faults
+from .loss import label_smoothed_nll
+from .optim import Schedule, set_lr
+from .tokenizer import PAD_ID
+
+
+@dataclass
+class StepResult:
+    """One optimizer step, summed over its micro-batches and ranks."""
+
+    skipped: bool  # the loss or gradient was not finite: no update
+    stop_requested: bool  # a rank got SIGINT/SIGTERM
+    time_up: bool  # train.max_minutes is spent
+    loss: float = 0.0  # label-smoothed loss, summed over target tokens
+    nll: float = 0.0
+    tgt_tokens: float = 0.0
+    tokens: float = 0.0  # source + target
+    grad_norm: float | None = None  # before clipping
+    lr: float | None = None
+
+
+def step_seed(seed: int, step: int, position: int) -> int:
+    """A seed for one micro-batch, the same whichever rank or accumulation slot computes it."""
+    digest = hashlib.sha256(f"{seed}/{step}/{position}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+@dataclass
+class OptimizerStep:
+    """What one step needs: the model (``forward`` is the DDP-wrapped or compiled one), the optimizer, the
+    schedule, the precision, the ranks and the training data."""
+
+    model: torch.nn.Module
+    ddp_model: torch.nn.Module
+    forward: Callable
+    optimizer: torch.optim.Optimizer
+    schedule: Schedule
+    scaler: torch.amp.GradScaler | None
+    autocast_dtype: torch.dtype | None
+    dist: Dist
+    device: torch.device
+    cfg: TrainConfig
+    data: EncodedSplit
+    faults: Faults
+
+    def __call__(self, micro_batches: list[list[int]], step: int, stop_requested: bool,
+                 time_up: Callable[[], bool]) -> StepResult:
+        """Step ``step`` on this rank's ``micro_batches``; the stop request and ``time_up()`` (asked after
+        the backward pass; rank 0's clock decides) are shared with every rank, so all stop together."""
+        loss_sum, nll_sum, global_tgt, global_src = self._backward(micro_batches, step)
+        shared = [loss_sum, nll_sum, float(stop_requested), float(time_up())]
+        loss_sum, nll_sum, stop, up = self.dist.all_sum(shared)
+        if self.scaler:
+            self.scaler.unscale_(self.optimizer)
+        max_norm = self.cfg.clip_norm if self.cfg.clip_norm > 0 else float("inf")
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+        if not math.isfinite(grad_norm) or not math.isfinite(loss_sum):
+            # Identical on every rank after DDP's all-reduce, so every rank skips the same step.
+            self.optimizer.zero_grad(set_to_none=True)
+            if self.scaler:
+                self.scaler.update()
+            return StepResult(skipped=True, stop_requested=stop > 0, time_up=up > 0)
+        lr = self.schedule.lr(step)
+        set_lr(self.optimizer, lr)
+        if self.scaler:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return StepResult(False, stop > 0, up > 0, loss_sum, nll_sum, global_tgt, global_tgt + global_src,
+                          grad_norm, lr)
+
+    def _backward(self, micro_batches: list[list[int]], step: int) -> tuple[float, float, float, float]:
+        """Gradients of this rank's micro-batches, each loss over the step's target tokens on every rank;
+        returns (loss sum, nll sum, global target tokens, global source tokens)."""
+        batches = [self.data.batch(indices) for indices in micro_batches]
+        local_tgt, local_src = sum(b.n_tgt_tokens for b in batches), sum(b.n_src_tokens for b in batches)
+        global_tgt, global_src = self.dist.all_sum([float(local_tgt), float(local_src)])
+        loss_sum = nll_sum = 0.0
+        autocast = {"dtype": self.autocast_dtype, "enabled": self.autocast_dtype is not None}
+        for m, batch in enumerate(batches):
+            torch.manual_seed(step_seed(self.cfg.seed, step, m * self.dist.world_size + self.dist.rank))
+            batch = batch.to(self.device, non_blocking=True)
+            last = m == len(batches) - 1 or not self.dist.active
+            with (contextlib.nullcontext() if last else self.ddp_model.no_sync(),
+                  torch.autocast(self.device.type, **autocast)):
+                out = self.forward(batch)
+                loss = label_smoothed_nll(out.logits, batch.tgt_out, PAD_ID, self.cfg.label_smoothing)
+                if self.faults.poisons(step):
+                    loss.loss = loss.loss * float("nan")
+                scaled = loss.loss * (self.dist.world_size / max(global_tgt, 1.0))
+                (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+            loss_sum += float(loss.loss.detach())
+            nll_sum += float(loss.nll)
+        return loss_sum, nll_sum, global_tgt, global_src
