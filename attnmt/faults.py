@@ -26,8 +26,8 @@ class Faults:
     @classmethod
     def parse(cls, spec: str) -> Faults:
         """``sigkill_at_step:17``, ``sigkill_after_tmp_write``, ``nan_at_step:4`` or ``nan_from_step:5``."""
-        name, _, value = spec.partition(":")
-        if name == "sigkill_after_tmp_write" and not value:
+        name, colon, value = spec.partition(":")
+        if name == "sigkill_after_tmp_write" and not colon:
             return cls(sigkill_after_tmp_write=True)
         if name in ("sigkill_at_step", "nan_at_step", "nan_from_step") and value.isdigit():
             return cls(**{name: int(value)})

@@ -271,17 +271,8 @@ def sparse_attention(
     N = -(-T // W)
     query_pos = (torch.arange(N * W, device=device) + offset).view(N, W)  # (N, W)
 
-    # Local band: query block n holds positions n W + offset + [0, W), so it can
-    # reach keys from n W + offset - W + 1 on, L of them.
-    L = 2 * W - 1 if causal else 3 * W - 2
-    key_idx = (torch.arange(N, device=device) * W + offset - W + 1)[:, None] + torch.arange(L, device=device)
-    band_offset = query_pos[:, :, None] - key_idx[:, None, :]  # (N, W, L)
-    if causal:
-        band_ok = (band_offset >= 0) & (band_offset < W)
-    else:
-        band_ok = band_offset.abs() < W
-    band_ok = band_ok & ((key_idx >= 0) & (key_idx < S))[:, None, :]  # (N, W, L)
-    gather_idx = key_idx.clamp(0, S - 1).flatten()  # (N L,)
+    gather_idx, band_ok = _band(query_pos, S, W, causal)  # (N L,), (N, W, L)
+    L = band_ok.size(-1)
     k_band = k.index_select(-2, gather_idx).unflatten(-2, (N, L))  # (B, H, N, L, d)
     v_band = v.index_select(-2, gather_idx).unflatten(-2, (N, L))  # (B, H, N, L, dv)
 
@@ -310,6 +301,21 @@ def sparse_attention(
         probs = F.dropout(probs, dropout_p)
     context = probs[..., :L] @ v_band + probs[..., L:] @ v_summary.unsqueeze(-3)  # (B, H, N, W, dv)
     return context.flatten(-3, -2)[..., :T, :], None  # (B, H, T, dv)
+
+
+def _band(query_pos: torch.Tensor, S: int, W: int, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The local band of each block of W queries (query positions (N, W)): the flat indices of the L keys
+    the block can reach (N L,), clamped into 0 .. S - 1, and which of them each query may see (N, W, L).
+
+    Block n holds positions p0 .. p0 + W - 1 (p0 = its first query's position), so it can reach keys from
+    p0 - W + 1 on: L = 2W - 1 of them when causal (up to the last query), 3W - 2 otherwise."""
+    device = query_pos.device
+    L = 2 * W - 1 if causal else 3 * W - 2
+    key_idx = (query_pos[:, 0] - W + 1)[:, None] + torch.arange(L, device=device)  # (N, L)
+    band_offset = query_pos[:, :, None] - key_idx[:, None, :]  # (N, W, L)
+    band_ok = ((band_offset >= 0) & (band_offset < W)) if causal else band_offset.abs() < W
+    band_ok = band_ok & ((key_idx >= 0) & (key_idx < S))[:, None, :]  # (N, W, L)
+    return key_idx.clamp(0, S - 1).flatten(), band_ok
 
 
 def _sparse_mask(

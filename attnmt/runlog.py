@@ -133,16 +133,19 @@ class MetricsLog:
 
     def truncate(self, step: int) -> None:
         """Keep only records up to ``step`` (a resumed checkpoint's), so the log has no duplicate or orphan
-        steps; a line that is not JSON (half written by a killed run) goes too."""
+        steps; a line that is not a JSON object (half written by a killed run, perhaps inside a character)
+        goes too."""
         if not self.main or not self.run.metrics.exists():
             return
         kept = []
-        for line in self.run.metrics.read_text(encoding="utf-8").splitlines():
+        for raw in self.run.metrics.read_bytes().split(b"\n"):
             try:
-                if json.loads(line).get("step", 0) <= step:
-                    kept.append(line + "\n")
-            except ValueError:
+                line = raw.decode("utf-8")
+                record = json.loads(line)
+            except ValueError:  # UnicodeDecodeError is a ValueError too
                 continue
+            if isinstance(record, dict) and record.get("step", 0) <= step:
+                kept.append(line + "\n")
         atomic_write_text(self.run.metrics, "".join(kept))
 
     def close(self) -> None:

@@ -55,7 +55,9 @@ def with_overrides(decode: DecodeConfig, tgt_vocab_size: int, beam_size: int | N
     if nbest > beam:
         raise ConfigError(f"--nbest {nbest} must not exceed the beam size {beam}")
     if beam > tgt_vocab_size:
-        raise ConfigError(f"--beam-size {beam} exceeds the target vocabulary ({tgt_vocab_size} pieces)")
+        named = ("--beam-size" if beam_size is not None
+                 else "--nbest" if nbest > decode.beam_size else "decode.beam_size")
+        raise ConfigError(f"{named} {beam} exceeds the target vocabulary ({tgt_vocab_size} pieces)")
     update = {"beam_size": beam, "nbest": nbest}
     if length_penalty is not None:
         update["length_penalty"] = length_penalty

@@ -31,7 +31,7 @@ def test_parse_reads_each_spec(spec, expected):
 
 @pytest.mark.parametrize("spec", [
     "", "sigkill", "nan_at_step", "nan_at_step:", "nan_at_step:x", "nan_at_step:-1", "nan_at_step:1.5",
-    "sigkill_at_step:", "sigkill_after_tmp_write:1", "nan_from:3",
+    "sigkill_at_step:", "sigkill_after_tmp_write:1", "sigkill_after_tmp_write:", "nan_from:3",
     "NAN_AT_STEP:3", "unknown:1",
 ])  # fmt: skip
 def test_parse_rejects_unknown_or_malformed_specs(spec):

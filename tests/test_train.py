@@ -11,7 +11,6 @@ Runs that get killed, signalled or limited are subprocesses; the others go in-pr
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import re
 import resource
@@ -39,7 +38,6 @@ from typer.testing import CliRunner
 from attnmt.checkpoint import latest_checkpoint, load_checkpoint, read_pointer, sha256_file, step_file
 from attnmt.cli import app
 from attnmt.faults import Faults
-from attnmt.optim import Schedule
 from attnmt.runfiles import RunDir, RunLock
 
 KILLED = (-signal.SIGKILL, 128 + signal.SIGKILL)  # subprocess's and a shell's way of saying SIGKILL
@@ -438,62 +436,3 @@ def test_early_stopping_when_the_metric_cannot_improve(tiny, tmp_path):
     assert read_records(run)[-1]["step"] == 4
     progress = load_checkpoint(run / "checkpoints" / read_pointer(RunDir(run), "latest")["file"])["progress"]
     assert progress["step"] == 4 and progress["finished"] and progress["evals_without_improvement"] == 1
-
-
-# ------------------------------------------------------------------------------------------ schedules
-
-
-def test_warmup_is_linear_up_to_the_peak():
-    schedule = Schedule("inverse_sqrt", 1e-3, 10, 100, 0.0)
-    assert [schedule.lr(step) for step in range(1, 11)] == pytest.approx(
-        [1e-4 * k for k in range(1, 11)], rel=1e-12
-    )
-
-
-def test_inverse_sqrt_after_warmup():
-    schedule = Schedule("inverse_sqrt", 1e-3, 10, 100, 0.0)
-    assert schedule.lr(40) == pytest.approx(1e-3 * math.sqrt(10 / 40), rel=1e-12)
-    assert schedule.lr(1000) == pytest.approx(1e-4, rel=1e-12)
-
-
-def test_cosine_reaches_min_lr_at_the_end():
-    schedule = Schedule("cosine", 1e-3, 10, 110, 1e-5)
-    rates = [schedule.lr(step) for step in range(10, 111)]
-    assert rates[0] == pytest.approx(1e-3) and rates[-1] == pytest.approx(1e-5, rel=1e-12)
-    assert schedule.lr(60) == pytest.approx(1e-5 + 0.5 * (1e-3 - 1e-5), rel=1e-12)  # half way: the mean
-    assert all(a >= b for a, b in zip(rates, rates[1:]))
-    assert schedule.lr(500) == pytest.approx(1e-5, rel=1e-12)
-
-
-def test_plateau_halves_after_two_bad_validations():
-    schedule = Schedule("plateau", 1e-3, 0, 100, 0.0)
-    schedule.observe(10.0, higher_is_better=True)
-    schedule.observe(9.0, higher_is_better=True)
-    assert schedule.lr(5) == 1e-3
-    schedule.observe(10.0, higher_is_better=True)  # equal is not better
-    assert schedule.lr(5) == 5e-4
-    schedule.observe(12.0, higher_is_better=True)
-    schedule.observe(11.0, higher_is_better=True)
-    assert schedule.lr(5) == 5e-4  # an improvement reset the count
-    loss = Schedule("plateau", 1e-3, 0, 100, 0.0)
-    for value in (2.0, 2.5, 2.1):  # lower is better
-        loss.observe(value, higher_is_better=False)
-    assert loss.lr(5) == 5e-4
-
-
-def test_only_plateau_listens_to_validation():
-    schedule = Schedule("inverse_sqrt", 1e-3, 0, 100, 0.0)
-    for _ in range(5):
-        schedule.observe(1.0, higher_is_better=True)
-    assert schedule.lr(4) == pytest.approx(1e-3 / 2) and schedule.state_dict()["factor"] == 1.0
-
-
-def test_schedule_state_dict_round_trip():
-    schedule = Schedule("plateau", 1e-3, 0, 100, 1e-6)
-    for value in (3.0, 2.0, 2.0, 1.0):
-        schedule.observe(value, higher_is_better=True)
-    state = json.loads(json.dumps(schedule.state_dict()))  # plain numbers only
-    fresh = Schedule("plateau", 1e-3, 0, 100, 1e-6)
-    fresh.load_state_dict(state)
-    assert fresh.state_dict() == schedule.state_dict()
-    assert [fresh.lr(s) for s in range(1, 20)] == [schedule.lr(s) for s in range(1, 20)]

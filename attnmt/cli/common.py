@@ -33,6 +33,25 @@ def sentences_or_input(sentences: list[str] | None, input_: Path | None) -> Iter
     return iter(sentences) if sentences else input_lines(input_)
 
 
+def read_pairs(src: Path, tgt: Path | None) -> tuple[list[str], list[str] | None]:
+    """The lines of ``src`` and, when given, of ``tgt``, which must have as many (else a DataError)."""
+    sources = list(read_lines(src))
+    targets = list(read_lines(tgt)) if tgt is not None else None
+    if targets is not None and len(targets) != len(sources):
+        raise DataError(f"{src} has {len(sources)} lines, {tgt} has {len(targets)}")
+    return sources, targets
+
+
+def write_output(output: Path | None, text: str) -> None:
+    """``text`` into ``output`` atomically, or onto stdout without one."""
+    from ..runfiles import atomic_write_text
+
+    if output is not None:
+        atomic_write_text(output, text)
+    else:
+        sys.stdout.write(text)
+
+
 def refuse_overwrite(flag: str, output: Path | None, inputs: list[Path | None]) -> None:
     """Writing to an input would truncate it before it is read (and lose it): refuse, before any work; a
     folder in place of the output file is refused as early."""

@@ -119,11 +119,7 @@ def eval_(
                           lowercase=lowercase)
     if json_:
         typer.echo(json.dumps([s.as_dict() for s in scores.values()], ensure_ascii=False))
-        return
-    from rich.console import Console
-    from rich.table import Table
+    else:
+        from .reporting import print_scores
 
-    table = Table("metric", "score", "signature")
-    for s in scores.values():
-        table.add_row(s.label, f"{s.score:.2f}", s.signature)
-    Console().print(table)
+        print_scores(scores)

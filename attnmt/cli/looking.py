@@ -13,7 +13,7 @@ import typer
 
 from ..errors import ConfigError, DataError
 from .app import command
-from .common import open_translator, refuse_overwrite, sentences_or_input
+from .common import open_translator, read_pairs, refuse_overwrite, sentences_or_input, write_output
 from .options import AlignMethod, BeamOpt, DeviceOpt, DpiOpt, FormatOpt, InputOpt, Layer, ModelArg
 
 
@@ -118,9 +118,9 @@ def align(
     """
     from ..alignment import alignment_scores, format_pharaoh, read_gold
     from ..attention_maps import align_corpus
-    from ..data import read_lines
     from ..models import attention_layout
     from ..runfiles import atomic_write_text
+    from .reporting import print_alignment_score
 
     if not 0 < threshold <= 1:
         raise ConfigError(f"--threshold {threshold}: expected a weight in (0, 1]")
@@ -130,38 +130,23 @@ def align(
         raise ConfigError("--hyp-out writes the model's own translations; it cannot be used with --tgt")
     for flag, path in (("--output", output), ("--hyp-out", hyp_out)):
         refuse_overwrite(flag, path, [src, tgt, gold, model])
-    sources = list(read_lines(src))
-    targets = list(read_lines(tgt)) if tgt is not None else None
-    if targets is not None and len(targets) != len(sources):
-        raise DataError(f"{src} has {len(sources)} lines, {tgt} has {len(targets)}")
+    sources, targets = read_pairs(src, tgt)
     gold_links = read_gold(gold, len(sources), src, one_based) if gold is not None else None
     translator, cfg, _ = open_translator(model, device, beam_size)
-    n_layers = attention_layout(cfg.model)[0]["cross"]
-    if layer.index is not None and layer.index >= n_layers:
-        raise ConfigError(f"--layer {layer.text}: the model has {n_layers} cross-attention layer(s) "
-                          f"(1..{n_layers}, or avg)")
+    layer.check(attention_layout(cfg.model)[0]["cross"])
     aligned = align_corpus(translator, sources, targets, layer.index, method.value, threshold, gold_links)
     if hyp_out is not None:
         atomic_write_text(hyp_out, "".join(t + "\n" for t in aligned.targets))
     text = "".join(format_pharaoh(links, one_based) + "\n" for links in aligned.links)
-    if output is not None:
-        atomic_write_text(output, text)
-    elif gold is None:
-        sys.stdout.write(text)
+    if output is not None or gold is None:
+        write_output(output, text)
     if gold_links is None:
         return
     score = alignment_scores(aligned.links, gold_links.sure, gold_links.possible)
     if json_:
         typer.echo(json.dumps({**score.as_dict(), "layer": layer.text, "method": method.value}))
-        return
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table("AER", "precision", "recall", "links", "sure", "possible", "sentences",
-                  title=f"alignment of {src} with layer {layer.text}, {method.value}", title_justify="left")
-    table.add_row(f"{score.aer:.2%}", f"{score.precision:.2%}", f"{score.recall:.2%}", str(score.predicted),
-                  str(score.sure), str(score.possible), str(score.sentences))
-    Console().print(table)
+    else:
+        print_alignment_score(score, f"alignment of {src} with layer {layer.text}, {method.value}")
 
 
 @command("plot-curves")

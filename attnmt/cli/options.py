@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 
 from ..config import Device
+from ..errors import ConfigError
 from ..metrics import METRICS
 
 __all__ = ["AlignMethod", "Device", "FigureFormat", "Layer", "Metrics"]
@@ -72,6 +73,12 @@ class Layer:
         if number < 1:
             raise typer.BadParameter(f"{value}: layers count from 1")
         return cls(value, number - 1)
+
+    def check(self, n_layers: int) -> None:
+        """A ConfigError unless the model (``n_layers`` cross-attention layers) has this layer."""
+        if self.index is not None and self.index >= n_layers:
+            raise ConfigError(f"--layer {self.text}: the model has {n_layers} cross-attention layer(s) "
+                              f"(1..{n_layers}, or avg)")
 
 
 ConfigArg = Annotated[Path, typer.Argument(help="The YAML config file.", show_default=False)]

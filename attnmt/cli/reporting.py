@@ -1,4 +1,5 @@
-"""How the command line shows a prepared corpus and a training run (rich tables, a progress bar)."""
+"""How the command line shows its results: corpus statistics, a training run (a progress bar on a
+terminal), scores (rich tables)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,23 @@ def print_corpus_statistics(report) -> None:
              else f"{report.src_vocab_size} / {report.tgt_vocab_size}")
     console.print(f"tokenizer: {kind}, {sizes} pieces "
                   f"({'trained' if report.tokenizer_trained else 'loaded'})")
+
+
+def print_scores(scores: dict) -> None:
+    """``attnmt eval``'s table: each metric's score and its sacrebleu signature."""
+    table = Table("metric", "score", "signature")
+    for s in scores.values():
+        table.add_row(s.label, f"{s.score:.2f}", s.signature)
+    Console().print(table)
+
+
+def print_alignment_score(score, title: str) -> None:
+    """``attnmt align --gold``'s table: AER, precision, recall and the link counts."""
+    table = Table("AER", "precision", "recall", "links", "sure", "possible", "sentences", title=title,
+                  title_justify="left")
+    table.add_row(f"{score.aer:.2%}", f"{score.precision:.2%}", f"{score.recall:.2%}", str(score.predicted),
+                  str(score.sure), str(score.possible), str(score.sentences))
+    Console().print(table)
 
 
 class TrainReporter:
