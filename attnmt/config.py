@@ -11,7 +11,6 @@ line of every key for these messages.
 from __future__ import annotations
 
 import re
-from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -20,6 +19,7 @@ from pydantic import StrictBool as Bool
 from pydantic import StrictInt as Int
 from pydantic import StrictStr as Str
 
+from .choices import Device
 from .config_errors import describe
 from .errors import ConfigError
 from .yaml12 import parse_yaml, read_yaml_file
@@ -176,14 +176,6 @@ class TransformerConfig(Section):
 
 
 ModelConfig = Annotated[LSTMConfig | TransformerConfig, Field(discriminator="arch")]
-
-
-class Device(str, Enum):
-    """``train.device`` and ``--device``: ``auto`` takes CUDA when the machine has it."""
-
-    auto = "auto"
-    cpu = "cpu"
-    cuda = "cuda"
 
 
 class TrainConfig(Section):

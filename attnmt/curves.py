@@ -14,7 +14,7 @@ from pathlib import Path
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from .errors import DataError
+from .errors import ConfigError, DataError
 from .plot import FONT_SIZE, save_figure
 from .runfiles import RunDir, atomic_write_bytes
 
@@ -106,8 +106,9 @@ def assemble(frames: Sequence[Path], out: Path, duration_ms: int = 600) -> Path:
     return out
 
 
-def run_curves(run_dir: Path, out: Path) -> Path:
-    """``attnmt plot-curves``: the curves of a run folder's ``metrics.jsonl`` written as a PNG to ``out``."""
+def run_curves(run_dir: Path, out: Path | None = None) -> Path:
+    """``attnmt plot-curves``: the curves of a run folder's ``metrics.jsonl`` written as a PNG to ``out``
+    (default ``RUN/curves.png``)."""
     run = RunDir(Path(run_dir))
     if not run.root.is_dir():
         raise DataError(f"{run_dir}: no such run folder")
@@ -119,7 +120,10 @@ def run_curves(run_dir: Path, out: Path) -> Path:
         raise DataError(f"{run.metrics}: {e}") from None
     except UnicodeDecodeError as e:
         raise DataError(f"{run.metrics}: invalid UTF-8 at byte offset {e.start}") from None
-    return save_figure(fig, out, "png")
+    target = out if out is not None else run.root / "curves.png"
+    if target.is_dir():
+        raise ConfigError(f"--out {target} is a folder; give a file name")
+    return save_figure(fig, target, "png")
 
 
 def animate_run(run_dir: Path) -> list[tuple[Path, int]]:

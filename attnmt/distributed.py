@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as torch_dist
 
-from .config import Device
+from .choices import Device
 from .errors import ConfigError
 
 
@@ -22,8 +22,8 @@ def choose_device(name: str | Device, where: str = "train.device") -> torch.devi
     request on a machine without CUDA. Under torchrun each process takes the GPU of its ``LOCAL_RANK``."""
     name = Device(name)
     if name is Device.cuda and not torch.cuda.is_available():
-        setting = f"{where} cpu" if where.startswith("-") else "device: cpu"
-        raise ConfigError(f"{where}: CUDA is not available on this machine; use {setting} or auto")
+        setting = f"{where} cpu" if where.startswith("-") else "device: cpu or auto"
+        raise ConfigError(f"{where}: CUDA is not available on this machine; use {setting}")
     if name is Device.cpu or not torch.cuda.is_available():
         return torch.device("cpu")
     return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))

@@ -10,8 +10,9 @@ takes for frozen CPU weights). ``apply(model)`` makes a model's products use suc
   sublayer) runs as one product with the ReLU fused into it.
 
 How: each such module's class is swapped for a subclass that overrides only how it computes, so the
-parameters (tied ones included), buffers, ``state_dict`` and hooks stay exactly as they were, and the
-fused ReLU's place in the Sequential holds an ``nn.Identity``. ``remove(model)`` undoes all of it.
+parameters (tied ones included), buffers, ``state_dict`` and hooks stay exactly as they were. A fused
+ReLU is set aside and its place in the Sequential holds an ``nn.Identity`` (hooks on that ReLU do not
+run while it is fused). ``remove(model)`` undoes all of it, the very same ReLU modules put back.
 
 When the packed path is taken: float32 CPU inputs with gradients off (``torch.no_grad`` or
 ``torch.inference_mode``), outside forward-mode AD, with weights that were not made under
@@ -157,7 +158,7 @@ def apply(model: nn.Module) -> int:
             changed += 1
         elif type(module) is PackedLinear:
             changed += 1
-        elif isinstance(module, MultiHeadAttention) and module.heads == "full":
+        elif type(module) is MultiHeadAttention and module.heads == "full":
             module.__class__ = PackedMultiHeadAttention
     for module in list(model.modules()):
         if isinstance(module, nn.Sequential):
@@ -165,6 +166,8 @@ def apply(model: nn.Module) -> int:
             for i in range(len(children) - 1):
                 if type(children[i]) is PackedLinear and type(children[i + 1]) is nn.ReLU:
                     children[i].fused_relu = True
+                    # Set aside (a plain dict: not a submodule), so that remove() puts back this very ReLU.
+                    module.__dict__.setdefault("_fused_relus", {})[i + 1] = children[i + 1]
                     module[i + 1] = nn.Identity()
     return changed
 
@@ -173,9 +176,8 @@ def remove(model: nn.Module) -> None:
     """Undo ``apply``: plain ``nn.Linear`` and ``MultiHeadAttention`` again, the ReLUs back in place."""
     for module in list(model.modules()):
         if isinstance(module, nn.Sequential):
-            for i, child in enumerate(list(module)):
-                if type(child) is PackedLinear and child.fused_relu:
-                    module[i + 1] = nn.ReLU()
+            for i, relu in module.__dict__.pop("_fused_relus", {}).items():
+                module[i] = relu
     for module in list(model.modules()):
         if type(module) is PackedLinear:
             del module._packs, module.fused_relu

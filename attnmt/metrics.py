@@ -9,10 +9,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from .choices import METRICS
 from .data import read_lines
 from .errors import DataError
-
-METRICS = ("bleu", "chrf", "ter")
 
 
 @dataclass

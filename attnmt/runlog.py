@@ -89,7 +89,7 @@ class Message:
 class Finished:
     event: ClassVar[str] = "end"
     step: int
-    reason: StopReason | None  # None: there was nothing to do
+    reason: StopReason | None  # None: there was nothing to do (and nothing is shown)
     best_score: float | None
     best_step: int | None
 

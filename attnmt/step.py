@@ -66,12 +66,13 @@ class OptimizerStep:
     data: EncodedSplit
     faults: Faults
 
-    def __call__(self, micro_batches: list[list[int]], step: int, stop_requested: bool,
+    def __call__(self, micro_batches: list[list[int]], step: int, stop_requested: Callable[[], bool],
                  time_up: Callable[[], bool]) -> StepResult:
-        """Step ``step`` on this rank's ``micro_batches``; the stop request and ``time_up()`` (asked after
-        the backward pass; rank 0's clock decides) are shared with every rank, so all stop together."""
+        """Step ``step`` on this rank's ``micro_batches``. ``stop_requested()`` (a signal arrived) and
+        ``time_up()`` (rank 0's clock decides) are asked after the backward pass, so that a signal during
+        this step stops the run after it, and shared with every rank, so that all stop together."""
         loss_sum, nll_sum, global_tgt, global_src = self._backward(micro_batches, step)
-        shared = [loss_sum, nll_sum, float(stop_requested), float(time_up())]
+        shared = [loss_sum, nll_sum, float(stop_requested()), float(time_up())]
         loss_sum, nll_sum, stop, up = self.dist.all_sum(shared)
         if self.scaler:
             self.scaler.unscale_(self.optimizer)

@@ -145,9 +145,9 @@ class Trainer:
             device_ids = [self.device.index] if self.device.type == "cuda" else None
             self.ddp_model = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=device_ids)
         forward = torch.compile(self.ddp_model) if self.tc.compile else self.ddp_model
-        self.step = OptimizerStep(self.model, self.ddp_model, forward, self.optimizer, self.schedule,
-                                  self.scaler, self.autocast_dtype, self.dist, self.device, self.tc,
-                                  self.train_data, self.faults)
+        self.optimizer_step = OptimizerStep(self.model, self.ddp_model, forward, self.optimizer,
+                                            self.schedule, self.scaler, self.autocast_dtype, self.dist,
+                                            self.device, self.tc, self.train_data, self.faults)
         if self.tc.tensorboard and self.dist.main:
             self.log.tensorboard = open_tensorboard(run)
 
@@ -296,15 +296,15 @@ class Trainer:
 
     def train_step(self, micro_batches: list[list[int]]) -> StepResult:
         """One optimizer step on this rank's share of the step's micro-batches; counts a skipped one."""
-        p, tc = self.progress, self.tc
-        p.step += 1
+        p, tc, step = self.progress, self.tc, self.progress.step + 1
 
         def time_up() -> bool:
             return self.dist.main and tc.max_minutes > 0 and self.elapsed() >= 60 * tc.max_minutes
 
-        result = self.step(micro_batches, p.step, self.stop_signal is not None, time_up)
+        result = self.optimizer_step(micro_batches, step, lambda: self.stop_signal is not None, time_up)
+        p.step = step
         if result.skipped:
-            self._skip_step(p.step, micro_batches)
+            self._skip_step(step, micro_batches)
         else:
             p.nonfinite_in_row = 0
             p.tokens_seen += int(result.tokens)

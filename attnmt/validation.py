@@ -14,7 +14,6 @@ from pathlib import Path
 
 import torch
 
-from .attention_maps import HeatmapOptions, draw_encoded
 from .batching import EncodedSplit, TokenBatchSampler
 from .config import Config
 from .loss import label_smoothed_nll
@@ -78,6 +77,10 @@ class Validator:
         ``out_dir``. Looking inside is a side show: a failure is logged, never raised."""
         was_training = model.training
         try:
+            # Here, not at the top: matplotlib loads only for a run that draws, and a failure to load it is
+            # a failure to plot, which must not stop training.
+            from .attention_maps import HeatmapOptions, draw_encoded
+
             model.eval()
             src_ids = self.dev.src_ids[: self.PLOT_SENTENCES]
             options = HeatmapOptions(kinds=("cross",), title=f"step {step}: ")

@@ -58,7 +58,7 @@ def test_cuda_without_cuda_names_the_config_setting(no_cuda):
 def test_cuda_without_cuda_names_the_option(no_cuda):
     with pytest.raises(ConfigError) as info:
         choose_device(Device.cuda, "--device")
-    assert str(info.value) == "--device: CUDA is not available on this machine; use --device cpu or auto"
+    assert str(info.value) == "--device: CUDA is not available on this machine; use --device cpu"
 
 
 def test_an_unknown_device_name_is_refused(no_cuda):

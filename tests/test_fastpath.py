@@ -218,6 +218,7 @@ def test_a_model_with_the_fast_path_computes_what_it_computed(name):
     with torch.no_grad():
         plain = model(batch).logits
     state = {k: v.clone() for k, v in model.state_dict().items()}
+    relus = [m for m in model.modules() if isinstance(m, nn.ReLU)]
     assert fastpath.apply(model) > 0
     assert fastpath.apply(model) == fastpath.apply(model)  # idempotent
     assert not any(type(m) is nn.Linear for m in model.modules())
@@ -232,6 +233,7 @@ def test_a_model_with_the_fast_path_computes_what_it_computed(name):
     fastpath.remove(model)
     assert not any(isinstance(m, (PackedLinear, PackedMultiHeadAttention)) for m in model.modules())
     assert not any(isinstance(m, nn.Identity) for m in model.modules())
+    assert [m for m in model.modules() if isinstance(m, nn.ReLU)] == relus  # the very same modules
     with torch.no_grad():
         assert torch.equal(model(batch).logits, plain)  # exactly the plain products again
 

@@ -183,3 +183,12 @@ def test_score_as_dict_rounds_the_score():
     assert score.as_dict() == {"metric": "chrf", "score": 56.2282, "signature": "nrefs:1|case:mixed",
                                "text": "chrF2 = 56.23"}
     assert json.loads(json.dumps(score.as_dict())) == score.as_dict()
+
+
+def test_the_tokenize_choices_are_sacrebleus_tokenizers():
+    """``eval --tokenize`` offers exactly the installed sacrebleu's BLEU tokenizers."""
+    from sacrebleu.metrics.bleu import _TOKENIZERS
+
+    from attnmt.choices import BleuTokenizer
+
+    assert {t.value for t in BleuTokenizer} == set(_TOKENIZERS)

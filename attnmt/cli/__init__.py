@@ -12,7 +12,11 @@ A command parses its options, makes one library call and prints. ``options.py`` 
 the commands share, ``common.py`` their input, output and model-loading helpers.
 """
 
-from . import decoding, looking, model_tools, training  # noqa: F401  (each registers its commands)
+# Each module registers its commands on import, and `attnmt --help` lists them in this order.
+# isort: off
+from . import training, decoding, looking, model_tools  # noqa: F401
 from .app import app
+
+# isort: on
 
 __all__ = ["app"]

@@ -38,7 +38,7 @@ class _OneLineErrors(TyperGroup):
             if type(e).__name__ != "NoArgsIsHelpError":  # that one has printed the help already
                 where = f" (see {e.ctx.command_path} --help)" if getattr(e, "ctx", None) is not None else ""
                 # pydantic's prefix, from Typer's coercion
-                message = e.format_message().replace("Value error, ", "")
+                message = e.format_message().replace("Value error, ", "").replace("\n", " ")
                 sys.stderr.write(f"error: {message}{where}\n")
             sys.exit(e.exit_code)
         except typer.Abort:

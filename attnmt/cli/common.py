@@ -7,14 +7,15 @@ import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from ..config import Device
-from ..data import read_lines
+from ..choices import Device
 from ..errors import ConfigError, DataError
 
 
 def input_lines(path: Path | None) -> Iterator[str]:
     """Lines of a file (plain or gzipped) or of stdin (``-`` or None), read lazily, split on \\n only."""
     if path is not None and str(path) != "-":
+        from ..data import read_lines
+
         yield from read_lines(path)
         return
     if sys.stdin.isatty():
@@ -35,6 +36,8 @@ def sentences_or_input(sentences: list[str] | None, input_: Path | None) -> Iter
 
 def read_pairs(src: Path, tgt: Path | None) -> tuple[list[str], list[str] | None]:
     """The lines of ``src`` and, when given, of ``tgt``, which must have as many (else a DataError)."""
+    from ..data import read_lines
+
     sources = list(read_lines(src))
     targets = list(read_lines(tgt)) if tgt is not None else None
     if targets is not None and len(targets) != len(sources):

@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from ..choices import BleuTokenizer
 from .app import command
 from .common import open_translator, refuse_overwrite, sentences_or_input
 from .options import (
@@ -82,9 +83,8 @@ def eval_(
     metrics: Annotated[Metrics, typer.Option("--metrics", parser=Metrics.parse, metavar="LIST",
                                              help="Comma-separated: bleu, chrf, ter.")] = "bleu,chrf,ter",
     lowercase: Annotated[bool, typer.Option("--lowercase", "-lc", help="Case-insensitive scores.")] = False,
-    tokenize: Annotated[str | None, typer.Option("--tokenize",
-                                                 help="BLEU tokenizer (13a, zh, intl, char, none, ...); "
-                                                 "default from the target language.")] = None,
+    tokenize: Annotated[BleuTokenizer | None, typer.Option(
+        "--tokenize", help="BLEU tokenizer (default: from the target language, else 13a).")] = None,
     tgt_lang: Annotated[str | None, typer.Option("--tgt-lang", help="Target language code "
                                                  "(picks BLEU's tokenizer, e.g. zh).")] = None,
     json_: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
@@ -115,8 +115,8 @@ def eval_(
                                   tgt_lang or cfg.data.tgt_lang)
         if hyp_out is not None:
             atomic_write_text(hyp_out, "".join(h + "\n" for h in hypotheses))
-    scores = score_corpus(hypotheses, name, references, metrics.names, tgt_lang=lang, tokenize=tokenize,
-                          lowercase=lowercase)
+    scores = score_corpus(hypotheses, name, references, metrics.names, tgt_lang=lang,
+                          tokenize=tokenize.value if tokenize is not None else None, lowercase=lowercase)
     if json_:
         typer.echo(json.dumps([s.as_dict() for s in scores.values()], ensure_ascii=False))
     else:

@@ -134,9 +134,11 @@ def align(
     gold_links = read_gold(gold, len(sources), src, one_based) if gold is not None else None
     translator, cfg, _ = open_translator(model, device, beam_size)
     layer.check(attention_layout(cfg.model)[0]["cross"])
+    if targets is None:  # the model's own translations, kept (--hyp-out) before the alignment's work
+        targets = translator.best(sources)
+        if hyp_out is not None:
+            atomic_write_text(hyp_out, "".join(t + "\n" for t in targets))
     aligned = align_corpus(translator, sources, targets, layer.index, method.value, threshold, gold_links)
-    if hyp_out is not None:
-        atomic_write_text(hyp_out, "".join(t + "\n" for t in aligned.targets))
     text = "".join(format_pharaoh(links, one_based) + "\n" for links in aligned.links)
     if output is not None or gold is None:
         write_output(output, text)
@@ -161,10 +163,7 @@ def plot_curves(
     """Training curves (train loss, dev loss, dev BLEU and chrF against the step) as one PNG."""
     from ..curves import animate_run, run_curves
 
-    target = out if out is not None else run_dir / "curves.png"
-    if target.is_dir():
-        raise ConfigError(f"--out {target} is a folder; give a file name")
-    typer.echo(f"wrote {run_curves(run_dir, target)}")
+    typer.echo(f"wrote {run_curves(run_dir, out)}")
     if gif:
         for animation, frames in animate_run(run_dir):
             typer.echo(f"wrote {animation} ({frames} frames)")

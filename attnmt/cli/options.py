@@ -13,9 +13,8 @@ from typing import Annotated
 
 import typer
 
-from ..config import Device
+from ..choices import METRICS, Device
 from ..errors import ConfigError
-from ..metrics import METRICS
 
 __all__ = ["AlignMethod", "Device", "FigureFormat", "Layer", "Metrics"]
 

@@ -100,8 +100,7 @@ class TrainReporter:
                 self.progress.update(self.task, completed=event.step)
             best = (f"; best {event.best_score:.2f} at step {event.best_step}"
                     if event.best_score is not None else "")
-            reason = event.reason.value if event.reason is not None else "nothing to do"
-            self.console.print(f"finished at step {event.step} ({reason}){best}")
+            self.console.print(f"finished at step {event.step} ({event.reason.value}){best}")
 
     def _start(self, event: Started) -> None:
         self.console.print(

@@ -19,12 +19,13 @@ def _load(config: Path, overrides: list[str] | None):
     return config_module.load_config(config, overrides or [])
 
 
-def _run_dir(cfg, run_dir: Path | None):
-    """The run folder: --run-dir (which the config then names), else train.run_dir."""
+def _run_dir(cfg, run_dir: Path | None, name_it: bool):
+    """The run folder: --run-dir, else train.run_dir; with ``name_it`` (or --run-dir) the config's
+    train.run_dir becomes its resolved path."""
     from ..runfiles import RunDir
 
     run = RunDir(Path(run_dir) if run_dir is not None else cfg.train.run_dir)
-    if run_dir is not None:
+    if name_it or run_dir is not None:
         cfg.train.run_dir = run.root.resolve()
     return run
 
@@ -39,7 +40,7 @@ def prepare(config: ConfigArg, run_dir: RunDirOpt = None, set_: SetOpt = None) -
     from ..runfiles import RunLock
 
     datasets.disable_progress_bars()
-    run = _run_dir(cfg, run_dir)
+    run = _run_dir(cfg, run_dir, name_it=False)
     with RunLock(run):
         report = run_prepare(cfg, run)
     from .reporting import print_corpus_statistics
@@ -83,8 +84,7 @@ def train(
     from .reporting import TrainReporter
 
     datasets.disable_progress_bars()
-    run = _run_dir(cfg, run_dir)
-    cfg.train.run_dir = run.root.resolve()
+    run = _run_dir(cfg, run_dir, name_it=True)
     main_rank = environment_rank() == 0
     faults = ctx.find_object(Faults) or NO_FAULTS  # only tests pass one (tests/fault_run.py)
     try:

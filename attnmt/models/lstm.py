@@ -25,7 +25,7 @@ from ..config import LSTMConfig
 from .protocol import DecoderState, ModelOutput, per_row, per_sentence, select_rows, to_blocks
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, eq=False)
 class LSTMState(DecoderState):
     """The LSTM's decoding state (``models/protocol.py``): N rows = sentences x beams."""
 

@@ -51,9 +51,10 @@ def per_row() -> Any:
     return dataclasses.field(metadata={"per": "row"})
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, eq=False)
 class DecoderState:
-    """Base of the architectures' decoding states; see the module docstring for the layout."""
+    """Base of the architectures' decoding states; see the module docstring for the layout. Compared by
+    identity (``eq=False``): their fields are tensors."""
 
     beams: int = 1
     """Rows per sentence: the rows come in blocks of ``beams`` rows of one sentence each."""

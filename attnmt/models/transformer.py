@@ -347,7 +347,7 @@ class CacheFill:
         return self
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, eq=False)
 class TransformerState(DecoderState):
     """The Transformer's decoding state (``models/protocol.py``): N rows = sentences x beams."""
 
