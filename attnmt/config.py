@@ -22,12 +22,14 @@ from pydantic import StrictStr as Str
 from .choices import Device
 from .config_errors import describe
 from .errors import ConfigError
+from .languages import default_byte_fallback, default_coverage
 from .yaml12 import parse_yaml, read_yaml_file
 
 # Strict float: accepts 3 or 3.0 but not "3" or true; finite only (.nan and .inf are mistakes here).
 Float = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 PositiveInt = Annotated[int, Field(strict=True, gt=0)]
 Probability = Annotated[float, Field(strict=True, ge=0.0, lt=1.0, allow_inf_nan=False)]
+Probability1 = Annotated[float, Field(strict=True, gt=0.0, le=1.0, allow_inf_nan=False)]  # in (0, 1]
 
 
 # ------------------------------------------------------------------------------------ the sections
@@ -116,7 +118,12 @@ class TokenizerConfig(Section):
     model_type: Literal["bpe", "unigram"] = "unigram"
     joint: Bool = True
     vocab_size: Annotated[int, Field(strict=True, ge=8)] = 8000
-    character_coverage: Annotated[float, Field(strict=True, gt=0.0, le=1.0, allow_inf_nan=False)] = 1.0
+    character_coverage: Probability1 | None = None
+    """Share of the training characters that get pieces of their own; default by language: 0.9995 when a side
+    is Chinese, Japanese or Korean (sentencepiece's advice for large character sets), else 1.0."""
+    byte_fallback: Bool | None = None
+    """Characters without a piece become UTF-8 byte pieces instead of <unk>; default: on when a side is
+    CJK."""
     sample_size: PositiveInt = 1_000_000
     """Train sentencepiece on at most this many sentences (sampled) per model."""
     hard_vocab_limit: Bool = True
@@ -165,7 +172,8 @@ class TransformerConfig(Section):
     dec_kernel: Literal["sdpa", "math", "linear"] = "sdpa"
     heads: Literal["full", "split"] = "full"
     share_embeddings: Bool = True
-    """Share source and target embeddings (needs a joint vocabulary)."""
+    """Share source and target embeddings (needs a joint vocabulary: when the key is not given, it follows
+    tokenizer.joint)."""
     tie_output: Bool = True
 
     @model_validator(mode="after")
@@ -288,7 +296,31 @@ def config_from_dict(data: Any, source: str = "<config>", base_dir: Path | None 
     if cfg.train.run_dir is None:
         stem = Path(source).stem if source != "<config>" else "run"
         cfg.train.run_dir = Path.cwd() / "runs" / stem
+    _resolve_defaults(cfg, source, lines, overrides)
     return cfg
+
+
+def _resolve_defaults(cfg: Config, source: str, lines: dict[tuple[str, ...], int], overrides) -> None:
+    """Defaults that follow other keys: sentencepiece's by the languages, shared embeddings by the tokenizer;
+    a shared embedding over separate vocabularies is refused (it would tie unrelated pieces)."""
+    tok, langs = cfg.tokenizer, (cfg.data.src_lang, cfg.data.tgt_lang)
+    if tok.character_coverage is None:
+        tok.character_coverage = min(default_coverage(lang) for lang in langs)
+    if tok.byte_fallback is None:
+        tok.byte_fallback = any(default_byte_fallback(lang) for lang in langs)
+    if tok.joint or not cfg.model.share_embeddings:
+        return
+    if "share_embeddings" not in cfg.model.model_fields_set:
+        cfg.model.share_embeddings = False  # the default follows the tokenizer
+        return
+    key = "model.share_embeddings"
+    line = lines.get(("model", "share_embeddings"))
+    if any(o.partition("=")[0].strip() == key for o in overrides):
+        where = f"--set {key}"
+    else:
+        where = f"{source}:{line}: {key}" if line else f"{source}: {key}"
+    raise ConfigError(f"{where}: true needs tokenizer.joint: true (with separate vocabularies, source piece "
+                      "k would be tied to the unrelated target piece k)")
 
 
 def parse_override(item: str) -> tuple[str, Any]:

@@ -1,6 +1,8 @@
 """Corpus-level BLEU, chrF and TER through sacrebleu, on detokenised text, with their signatures.
 
-Takes strings and files only and imports no model code, so it scores files of any earlier run.
+BLEU's tokenizer follows the target language whatever code names it (``languages.bleu_tokenizer``: zh for
+``zh-CN``, ``cmn``, ...; ja-mecab, ko-mecab; 13a otherwise), and TER splits CJK characters for a CJK
+target. Takes strings and files only and imports no model code, so it scores files of any earlier run.
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ from pathlib import Path
 
 from .choices import METRICS
 from .data import read_lines
-from .errors import DataError
+from .errors import ConfigError, DataError
+from .languages import bleu_tokenizer, is_cjk_language, missing_extra
 
 
 @dataclass
@@ -40,10 +43,12 @@ def corpus_scores(
 ) -> dict[str, Score]:
     """Score ``hypotheses`` against one or more reference streams (each as long as the hypotheses).
 
-    ``tokenize`` is BLEU's tokenizer (13a, zh, intl, char, none, ...); by default sacrebleu picks it from
-    ``tgt_lang`` (``zh`` for Chinese, ``ja-mecab`` for Japanese, 13a otherwise).
+    ``tokenize`` is BLEU's tokenizer (13a, zh, intl, char, none, ...); by default it follows ``tgt_lang``
+    (``bleu_tokenize``).
     """
     from sacrebleu.metrics import BLEU, CHRF, TER
+
+    tokenize = bleu_tokenize(tgt_lang, tokenize)
 
     hypotheses = list(hypotheses)
     references = [list(r) for r in references]
@@ -53,7 +58,7 @@ def corpus_scores(
     makers = {
         "bleu": lambda: BLEU(lowercase=lowercase, tokenize=tokenize, trg_lang=tgt_lang or ""),
         "chrf": lambda: CHRF(lowercase=lowercase),
-        "ter": lambda: TER(case_sensitive=not lowercase),
+        "ter": lambda: TER(case_sensitive=not lowercase, asian_support=is_cjk_language(tgt_lang)),
     }
     out = {}
     for name in metrics:
@@ -61,6 +66,18 @@ def corpus_scores(
         result = metric.corpus_score(hypotheses, references)
         out[name] = Score(name, float(result.score), str(metric.get_signature()), str(result))
     return out
+
+
+def bleu_tokenize(tgt_lang: str | None, tokenize: str | None = None) -> str:
+    """BLEU's tokenizer: ``tokenize`` if given, else the one for ``tgt_lang``; a ConfigError with the
+    install hint when it needs an extra that is missing (MeCab for Japanese and Korean)."""
+    tokenize = tokenize or bleu_tokenizer(tgt_lang)
+    extra = missing_extra(tokenize)
+    if extra is not None:
+        why = f"target language {tgt_lang!r}: " if tgt_lang and tokenize == bleu_tokenizer(tgt_lang) else ""
+        raise ConfigError(f"{why}BLEU's {tokenize} tokenizer needs MeCab, which is not installed "
+                          f"(pip install '{extra}')")
+    return tokenize
 
 
 def read_references(paths: Sequence[Path]) -> list[tuple[Path, list[str]]]:

@@ -25,6 +25,9 @@ from .tokenizer import META_FILE, UNK_ID, Tokenizer, load_external, load_tokeniz
 
 log = logging.getLogger(__name__)
 
+# Tokenizer settings added since the first tokenizer.json was written, and the behaviour before them.
+LEGACY_SETTINGS = {"byte_fallback": False}
+
 
 @dataclass
 class SplitStats:
@@ -117,7 +120,9 @@ def obtain_tokenizer(cfg: Config, run: RunDir, train: ParallelText) -> tuple[Tok
         except (OSError, ValueError) as e:
             raise CheckpointError(f"{meta_path}: unreadable tokenizer metadata "
                                   f"({type(e).__name__})") from None
-        changed = [f"{k}: {stored.get(k)!r} -> {v!r}" for k, v in settings.items() if stored.get(k) != v]
+        # A key that a tokenizer folder from an older attnmt does not record had its old default then.
+        changed = [f"{k}: {stored.get(k, LEGACY_SETTINGS.get(k))!r} -> {v!r}" for k, v in settings.items()
+                   if stored.get(k, LEGACY_SETTINGS.get(k)) != v]
         if changed:
             raise ConfigError(
                 f"{run.tokenizer}: this run's tokenizer was trained with other settings "

@@ -41,6 +41,7 @@ from .distributed import choose_device, setup_distributed
 from .errors import AttnmtError, CheckpointError, ConfigError, DivergedError, is_out_of_memory
 from .faults import NO_FAULTS, Faults
 from .keeper import CheckpointKeeper
+from .languages import bleu_tokenizer, missing_extra
 from .models import build_model
 from .optim import Schedule, make_optimizer
 from .prepare import prepare
@@ -61,6 +62,18 @@ from .tokenizer import PAD_ID, load_tokenizer
 from .validation import Validator
 
 log = logging.getLogger(__name__)
+
+
+def preflight(cfg: Config) -> None:
+    """What would fail only later, refused now, before the run folder is touched: validation scores the dev
+    set with BLEU's tokenizer for the target language, which for Japanese and Korean needs MeCab."""
+    if cfg.data.dev is None:
+        return
+    tokenizer = bleu_tokenizer(cfg.data.tgt_lang)
+    extra = missing_extra(tokenizer)
+    if extra is not None:
+        raise ConfigError(f"data.tgt_lang: {cfg.data.tgt_lang!r}: validation scores BLEU with sacrebleu's "
+                          f"{tokenizer} tokenizer, which needs MeCab (pip install '{extra}')")
 
 
 class Interrupted(Exception):
@@ -97,6 +110,7 @@ class Trainer:
     """Holds what ``fit`` needs across steps; each method is one named piece of the loop."""
 
     def __init__(self, cfg: Config, run: RunDir, report: Reporter, faults: Faults = NO_FAULTS) -> None:
+        preflight(cfg)
         self.cfg, self.tc, self.run, self.faults = cfg, cfg.train, run, faults
         self.device = choose_device(self.tc.device)
         self.dist = setup_distributed(self.device)

@@ -98,7 +98,7 @@ def eval_(
     """Score translations with sacrebleu: translate --src with MODEL, or score --hyp; against --ref."""
     from ..data import read_lines
     from ..errors import ConfigError
-    from ..metrics import read_references, score_corpus
+    from ..metrics import bleu_tokenize, read_references, score_corpus
     from ..runfiles import atomic_write_text
 
     if not ref:
@@ -107,16 +107,18 @@ def eval_(
         raise ConfigError("give either MODEL --src FILE, or --hyp FILE")
     refuse_overwrite("--hyp-out", hyp_out, [src, hyp, model, *ref])
     references = read_references(ref)
+    bleu = tokenize.value if tokenize is not None else None
     if hyp is not None:
         hypotheses, name, lang = list(read_lines(hyp)), str(hyp), tgt_lang
     else:
         translator, cfg, _ = open_translator(model, device, beam_size, 1, length_penalty, max_tokens)
-        hypotheses, name, lang = (translator.best(list(read_lines(src))), f"translations of {src}",
-                                  tgt_lang or cfg.data.tgt_lang)
+        lang = tgt_lang or cfg.data.tgt_lang
+        bleu_tokenize(lang, bleu)  # a scorer that cannot run is refused before the translating
+        hypotheses, name = translator.best(list(read_lines(src))), f"translations of {src}"
         if hyp_out is not None:
             atomic_write_text(hyp_out, "".join(h + "\n" for h in hypotheses))
-    scores = score_corpus(hypotheses, name, references, metrics.names, tgt_lang=lang,
-                          tokenize=tokenize.value if tokenize is not None else None, lowercase=lowercase)
+    scores = score_corpus(hypotheses, name, references, metrics.names, tgt_lang=lang, tokenize=bleu,
+                          lowercase=lowercase)
     if json_:
         typer.echo(json.dumps([s.as_dict() for s in scores.values()], ensure_ascii=False))
     else:

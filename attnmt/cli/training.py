@@ -80,8 +80,10 @@ def train(
     from ..distributed import environment_rank
     from ..faults import NO_FAULTS, Faults
     from ..runfiles import RunLock
-    from ..train import Interrupted, fit
+    from ..train import Interrupted, fit, preflight
     from .reporting import TrainReporter
+
+    preflight(cfg)  # before the run folder is made
 
     datasets.disable_progress_bars()
     run = _run_dir(cfg, run_dir, name_it=True)
