@@ -7,100 +7,23 @@ Alignments follow the Pharaoh format: ``i-j`` links source word i to target word
 of Och & Ney (2003, sec. 4): with sure links S, possible links P (P includes S) and predicted links A,
 precision = |A ∩ P| / |A|, recall = |A ∩ S| / |S|, AER = 1 - (|A ∩ S| + |A ∩ P|) / (|A| + |S|).
 
-Words: a model reads sentencepiece pieces, people read words. Word-level attention merges the pieces
-of a word: the attention a word receives (a key) is the sum over its pieces, a word's own attention (a
-query) the mean over its pieces, so every row still sums to what it did.
-
-Strings and numpy arrays only: no model code, no torch.
+Links are between words; which pieces make up a word, and attention merged from pieces into words, are
+``words.py``'s. Strings and numpy arrays only: no model code, no torch.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from .data import clean, read_lines
+from .data import read_lines
 from .errors import DataError
-from .tokenizer import UNK_ID
-
-WORD_START = "\u2581"  # sentencepiece's mark of a piece that begins a word
-SENTENCE_MARKS = frozenset({"<s>", "</s>", "<pad>"})
-"""Labels of the positions a model adds around a sentence: each one a word of its own."""
 
 Link = tuple[int, int]  # (source word, target word)
-
-
-# ------------------------------------------------------------------------------------------- words
-
-
-def word_groups(pieces: Sequence[str]) -> list[list[int]]:
-    """Positions of the pieces of each word: a piece starting with "▁" starts a word, ``<s>``/``</s>`` are
-    words of their own, any other piece continues the word before it."""
-    groups: list[list[int]] = []
-    open_word = False
-    for k, piece in enumerate(pieces):
-        if piece in SENTENCE_MARKS:
-            groups.append([k])
-            open_word = False
-        elif piece.startswith(WORD_START) or not open_word:
-            groups.append([k])
-            open_word = True
-        else:
-            groups[-1].append(k)
-    return groups
-
-
-def word_labels(pieces: Sequence[str], groups: Sequence[Sequence[int]]) -> list[str]:
-    return ["".join(pieces[k] for k in g).replace(WORD_START, "") or WORD_START for g in groups]
-
-
-def merge_groups(weights: np.ndarray, row_groups: Sequence[Sequence[int]],
-                 col_groups: Sequence[Sequence[int]]) -> np.ndarray:
-    """(..., T, S) -> (..., rows, cols): the columns (keys) of a group summed, so a word receives the
-    attention its pieces receive; the rows (queries) of a group averaged, so every row still sums to
-    what it summed to before. Groups are consecutive positions covering the axis in order."""
-    weights = np.asarray(weights, dtype=np.float64)
-    col_starts = [g[0] for g in col_groups]
-    row_starts = [g[0] for g in row_groups]
-    summed = np.add.reduceat(weights, col_starts, axis=-1) if col_starts else weights[..., :0]
-    if not row_starts:
-        return summed[..., :0, :]
-    sizes = np.array([len(g) for g in row_groups], dtype=np.float64)
-    return np.add.reduceat(summed, row_starts, axis=-2) / sizes[:, None]
-
-
-def merge_words(weights: np.ndarray, row_pieces: Sequence[str],
-                col_pieces: Sequence[str]) -> tuple[np.ndarray, list[str], list[str]]:
-    """Attention over pieces -> attention over words (``plot --words``): key pieces of a word summed,
-    query pieces averaged (``merge_groups``). Returns (weights, row words, column words)."""
-    rows, cols = word_groups(row_pieces), word_groups(col_pieces)
-    return merge_groups(weights, rows, cols), word_labels(row_pieces, rows), word_labels(col_pieces, cols)
-
-
-def words_to_pieces(encode: Callable[[list[str]], list[list[int]]],
-                    lines: Sequence[str]) -> tuple[list[list[int]], list[list[list[int]]]]:
-    """Pre-tokenised lines (words split on spaces) -> (piece ids of each line, the piece positions of each
-    word). Words are encoded one by one, so a word's pieces are exactly its own; a word that encodes to
-    nothing (say, a lone zero-width space) gets the unknown piece, so every word keeps its index."""
-    words = [clean(line).split() for line in lines]
-    flat = [w for line_words in words for w in line_words]
-    encoded = iter(encode(flat) if flat else [])
-    ids: list[list[int]] = []
-    groups: list[list[list[int]]] = []
-    for line_words in words:
-        line_ids: list[int] = []
-        line_groups: list[list[int]] = []
-        for _ in line_words:
-            pieces = next(encoded) or [UNK_ID]
-            line_groups.append(list(range(len(line_ids), len(line_ids) + len(pieces))))
-            line_ids.extend(pieces)
-        ids.append(line_ids)
-        groups.append(line_groups)
-    return ids, groups
 
 
 # ------------------------------------------------------------------------------------ extraction

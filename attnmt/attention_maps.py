@@ -19,10 +19,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .alignment import Gold, Link, extract_alignment, layer_average, merge_groups, words_to_pieces
+from .alignment import Gold, Link, extract_alignment, layer_average
 from .batching import collate, token_batches
 from .plot import HeatmapFigure, sentence_maps
 from .translator import Translator, chunks
+from .words import merge, word_count, words_to_pieces
 
 AttentionMaps = dict[str, list[np.ndarray]]
 """kind (``cross``, ``enc_self``, ``dec_self``) -> one array per layer: cross (H, T, S), enc_self
@@ -141,18 +142,19 @@ class Aligned:
 def align_corpus(translator: Translator, sources: Sequence[str], targets: Sequence[str] | None = None,
                  layer: int | None = -1, method: str = "argmax", threshold: float = 0.3,
                  gold: Gold | None = None) -> Aligned:
-    """Word alignments of pre-tokenised sentence pairs (words split on spaces) from cross-attention under
-    teacher forcing: ``layer`` (0-based, -1 the last, None the average of every layer and head) averaged
-    over its heads, EOS left out, merged into words (``alignment.merge_groups``), links extracted with
-    ``method``. Without ``targets`` each source is aligned with the model's own translation. ``gold``
-    must fit the pairs (checked before any attention is computed)."""
+    """Word alignments of sentence pairs from cross-attention under teacher forcing: ``layer`` (0-based, -1
+    the last, None the average of every layer and head) averaged over its heads, EOS left out, merged into
+    words (``words.merge``), links extracted with ``method``. Words are the space-separated tokens of a line
+    (pre-tokenised text, as gold standards are), or for unsegmented CJK text its characters
+    (``words.segment``). Without ``targets`` each source is aligned with the model's own translation.
+    ``gold`` must fit the pairs (checked before any attention is computed)."""
     if targets is None:
         targets = translator.best(sources)
     tokenizer = translator.tokenizer
-    src_ids, src_groups = words_to_pieces(tokenizer.encode_src, sources)
-    tgt_ids, tgt_groups = words_to_pieces(tokenizer.encode_tgt, targets)
+    src_ids, src_groups = words_to_pieces(tokenizer.encode_src, sources, tokenizer.src_pieces)
+    tgt_ids, tgt_groups = words_to_pieces(tokenizer.encode_tgt, targets, tokenizer.tgt_pieces)
     if gold is not None:
-        gold.check_fits([len(g) for g in src_groups], [len(g) for g in tgt_groups])
+        gold.check_fits([word_count(g) for g in src_groups], [word_count(g) for g in tgt_groups])
     pairs = [i for i in range(len(sources)) if src_ids[i] and tgt_ids[i]]
     maps = teacher_forced_attention(translator.model, [src_ids[i] for i in pairs],
                                     [tgt_ids[i] for i in pairs], translator.device,
@@ -160,6 +162,6 @@ def align_corpus(translator: Translator, sources: Sequence[str], targets: Sequen
     links: list[list[Link]] = [[] for _ in sources]
     for i, pair_maps in zip(pairs, maps):
         matrix = layer_average(pair_maps["cross"], layer)[:-1, :-1]  # (T, S) without the EOS row and column
-        words = merge_groups(matrix, tgt_groups[i], src_groups[i])  # (target words, source words)
+        words = merge(matrix, tgt_groups[i], src_groups[i])  # (target words, source words)
         links[i] = extract_alignment(words, method, threshold)
     return Aligned(list(targets), links)

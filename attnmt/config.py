@@ -78,12 +78,14 @@ class HfSource(Section):
 
 
 class ToySource(Section):
-    """The embedded default: generated date-translation pairs (see ``data.toy_pairs``)."""
+    """The embedded default: generated date-translation pairs (see ``toy.toy_pairs``)."""
 
     format: Literal["toy"]
     split: Literal["train", "dev", "test"]
     size: PositiveInt
     seed: Int = 1
+    lang: Literal["de", "zh"] = "de"
+    """The target language: German, or Chinese (``toy.py``)."""
 
 
 def _source_tag(value: Any) -> str:

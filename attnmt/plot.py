@@ -11,7 +11,7 @@ installed (the ``noto-cjk-sans-otc`` package, else a system font), otherwise wit
 and matplotlib's "Glyph missing" warnings are silenced while drawing.
 
 Figures are written through ``runfiles.atomic_write_bytes``, so a folder of plots only ever holds
-complete files. Merging pieces into words is ``alignment.merge_words``.
+complete files. Merging pieces into words is ``words.merge_words``.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from matplotlib.figure import Figure
 from matplotlib.font_manager import FontProperties
 from matplotlib.transforms import offset_copy
 
-from .alignment import merge_words
 from .runfiles import atomic_write_bytes
+from .words import merge_words
 
 FORMATS = ("png", "svg", "pdf")
 

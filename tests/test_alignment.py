@@ -1,5 +1,5 @@
-"""alignment.py on its own: pieces merged into words, links extracted from hand-made matrices, Pharaoh
-read and written, and AER, precision and recall computed by hand (Och & Ney 2003)."""
+"""alignment.py on its own: links extracted from hand-made matrices, Pharaoh read and written, and AER,
+precision and recall computed by hand (Och & Ney 2003)."""
 
 from __future__ import annotations
 
@@ -7,39 +7,6 @@ import numpy as np
 import pytest
 
 from attnmt import alignment
-
-SRC = ["▁tues", "day", "▁,", "▁march", "▁14", "th", "</s>"]
-TGT = ["▁dienstag", "▁,", "▁14", ".", "▁märz", "</s>"]
-
-
-def weights(heads: int, rows: int, cols: int, seed: int = 0) -> np.ndarray:
-    """Attention-like weights (heads, rows, cols): every row sums to 1."""
-    w = np.random.default_rng(seed).random((heads, rows, cols))
-    return w / w.sum(-1, keepdims=True)
-
-
-# ------------------------------------------------------------------------------------------- words
-
-
-def test_word_groups_follow_the_word_start_marks():
-    assert alignment.word_groups(SRC) == [[0, 1], [2], [3], [4, 5], [6]]
-    assert alignment.word_labels(SRC, alignment.word_groups(SRC)) == ["tuesday", ",", "march", "14th", "</s>"]
-    assert alignment.word_groups(["<s>", "▁", "2019", "▁x"]) == [[0], [1, 2], [3]]
-    # a first piece without the mark still starts a word
-    assert alignment.word_groups(["ab", "▁c"]) == [[0], [1]]
-
-
-def test_merge_words_sums_source_pieces_and_averages_target_pieces():
-    w = weights(1, 4, len(SRC))[0]  # rows: target pieces
-    rows = ["▁dien", "stag", "▁,", "</s>"]
-    merged, row_words, col_words = alignment.merge_words(w, rows, SRC)
-    assert row_words == ["dienstag", ",", "</s>"] and col_words == ["tuesday", ",", "march", "14th", "</s>"]
-    expected_cols = np.stack([w[:, 0] + w[:, 1], w[:, 2], w[:, 3], w[:, 4] + w[:, 5], w[:, 6]], axis=1)
-    np.testing.assert_allclose(
-        merged, np.stack([expected_cols[:2].mean(0), expected_cols[2], expected_cols[3]])
-    )
-    np.testing.assert_allclose(merged.sum(1), 1.0)  # still a distribution per target word
-
 
 # ---------------------------------------------------------------------------------------- alignments
 

@@ -459,3 +459,36 @@ def test_dumped_config_round_trips(tmp_path):
     cfg = load_config(REPO / "configs" / "toy_lstm.yaml")
     again = config_from_dict(cfg.to_dict())
     assert again == cfg
+
+
+# --------------------------------------------------------------------------- defaults that follow other keys
+
+
+def test_sentencepiece_defaults_follow_the_languages(tmp_path):
+    german = load_text(tmp_path, BASE.format(arch="transformer"))
+    assert german.tokenizer.character_coverage == 1.0 and german.tokenizer.byte_fallback is False
+    for code in ("zh", "zh-Hant", "cmn", "ja", "ko"):
+        text = BASE.format(arch="transformer").replace("tgt_lang: de", f"tgt_lang: {code}")
+        chinese = load_text(tmp_path, text).tokenizer
+        assert chinese.character_coverage == 0.9995 and chinese.byte_fallback is True, code
+    given = load_text(tmp_path, with_line("tokenizer", "character_coverage: 0.98").replace("tgt_lang: de",
+                                                                                          "tgt_lang: zh"))
+    assert given.tokenizer.character_coverage == 0.98
+
+
+def test_shared_embeddings_follow_the_tokenizer_when_not_given(tmp_path):
+    separate = load_text(tmp_path, with_line("tokenizer", "joint: false"))
+    assert separate.model.share_embeddings is False
+    assert load_text(tmp_path, BASE.format(arch="transformer")).model.share_embeddings is True
+    explicit_off = load_text(tmp_path, with_line("model", "share_embeddings: false"))
+    assert explicit_off.model.share_embeddings is False
+
+
+@pytest.mark.parametrize("arch", ["transformer", "lstm"])
+def test_shared_embeddings_over_separate_vocabularies_are_refused_naming_both_keys(tmp_path, arch):
+    text = with_line("tokenizer", "joint: false", arch)
+    text = text.replace(f"  arch: {arch}\n", f"  arch: {arch}\n  share_embeddings: true\n")
+    message = error_of(tmp_path, text)
+    line = line_of(text, "share_embeddings")
+    assert message.startswith(f"{tmp_path / 'cfg.yaml'}:{line}: model.share_embeddings: true needs "
+                              "tokenizer.joint: true"), message

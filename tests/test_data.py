@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from attnmt.config import HfSource, JsonlSource, TextSource, ToySource, TsvSource, config_from_dict
-from attnmt.data import MONTHS, WEEKDAYS, clean, count_lines, read_corpus, read_lines, toy_pairs, toy_split_of
+from attnmt.data import clean, count_lines, read_corpus, read_lines
 from attnmt.errors import DataError
 from attnmt.prepare import prepare
 from attnmt.runfiles import RunDir
+from attnmt.toy import MONTHS, WEEKDAYS, toy_pairs, toy_split_of
 
 DE = ["Ein Hund läuft.", "Zwei Katzen schlafen.", "Der Mann liest ein Buch."]
 EN = ["A dog runs.", "Two cats sleep.", "The man reads a book."]

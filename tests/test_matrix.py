@@ -35,8 +35,8 @@ from typer.testing import CliRunner
 
 from attnmt.checkpoint import FORMAT, bytes_tensor, load_checkpoint, read_pointer, sha256_file, step_file
 from attnmt.cli import app
-from attnmt.data import toy_pairs
 from attnmt.runfiles import RunDir
+from attnmt.toy import toy_pairs
 
 SOURCES = ["monday , 3 june 2001", "saturday the 4th of april 2004 at 3:15 pm"]
 

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from attnmt.config import TokenizerConfig, config_from_dict
-from attnmt.data import ParallelText, toy_pairs
+from attnmt.data import ParallelText
 from attnmt.errors import CheckpointError, DataError
 from attnmt.prepare import obtain_tokenizer
 from attnmt.runfiles import RunDir
@@ -25,6 +25,7 @@ from attnmt.tokenizer import (
     train_model,
     train_tokenizer,
 )
+from attnmt.toy import toy_pairs
 
 MIXED_SRC = ["東京は日本の首都です", "我爱你 😀 🎉", "Привет мир, как дела?", "naïve café straße"]
 MIXED_TGT = ["Tokio ist die Hauptstadt Japans", "ich liebe dich 😀 🎉", "hallo welt, wie geht's?",

@@ -26,6 +26,13 @@ class AlignMethod(str, Enum):
     threshold = "threshold"
 
 
+class ToyLanguage(str, Enum):
+    """``toy-data --lang``: the toy task's target language."""
+
+    de = "de"
+    zh = "zh"
+
+
 class FigureFormat(str, Enum):
     png = "png"
     svg = "svg"

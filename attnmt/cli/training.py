@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from .app import command
-from .options import ConfigArg, RunDirOpt, SetOpt
+from .options import ConfigArg, RunDirOpt, SetOpt, ToyLanguage
 
 
 def _load(config: Path, overrides: list[str] | None):
@@ -50,17 +50,18 @@ def prepare(config: ConfigArg, run_dir: RunDirOpt = None, set_: SetOpt = None) -
 
 @command("toy-data")
 def toy_data(
-    out_dir: Annotated[Path, typer.Argument(help="Folder to write train/dev/test .en, .de and .align "
-                                            "files into.")],
+    out_dir: Annotated[Path, typer.Argument(help="Folder to write train/dev/test .en, .de (or .zh and "
+                                            ".seg.zh) and .align files into.")],
     train_size: Annotated[int, typer.Option(min=1)] = 10000,
     dev_size: Annotated[int, typer.Option(min=1)] = 500,
     test_size: Annotated[int, typer.Option(min=1)] = 500,
     seed: int = 1,
+    lang: Annotated[ToyLanguage, typer.Option("--lang", help="The target language.")] = "de",
 ) -> None:
-    """Write the embedded toy task (English -> German dates) with its gold word alignments."""
-    from ..data import write_toy
+    """Write the embedded toy task (English -> German or Chinese dates) with its gold word alignments."""
+    from ..toy import write_toy
 
-    files = write_toy(out_dir, {"train": train_size, "dev": dev_size, "test": test_size}, seed)
+    files = write_toy(out_dir, {"train": train_size, "dev": dev_size, "test": test_size}, seed, lang.value)
     typer.echo(f"wrote {len(files)} files to {out_dir}")
 
 
