@@ -126,6 +126,10 @@ class TokenizerConfig(Section):
     byte_fallback: Bool | None = None
     """Characters without a piece become UTF-8 byte pieces instead of <unk>; default: on when a side is
     CJK."""
+    normalization: Literal["nmt_nfkc", "nfkc", "nmt_nfkc_cf", "nfkc_cf", "identity"] = "nmt_nfkc"
+    """sentencepiece's normalization rule, kept in the model and applied to every line it encodes. The
+    default NFKC folds full-width punctuation (？，！) into ASCII, so a Chinese target never gets it back;
+    ``identity`` keeps the text as cleaned (NFC)."""
     sample_size: PositiveInt = 1_000_000
     """Train sentencepiece on at most this many sentences (sampled) per model."""
     hard_vocab_limit: Bool = True

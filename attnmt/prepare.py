@@ -26,7 +26,7 @@ from .tokenizer import META_FILE, UNK_ID, Tokenizer, load_external, load_tokeniz
 log = logging.getLogger(__name__)
 
 # Tokenizer settings added since the first tokenizer.json was written, and the behaviour before them.
-LEGACY_SETTINGS = {"byte_fallback": False}
+LEGACY_SETTINGS = {"byte_fallback": False, "normalization": "nmt_nfkc"}
 
 
 @dataclass

@@ -45,6 +45,7 @@ def train_model(sentences: Sequence[str], cfg: TokenizerConfig, seed: int = 1) -
             vocab_size=cfg.vocab_size,
             character_coverage=cfg.character_coverage if cfg.character_coverage is not None else 1.0,
             byte_fallback=bool(cfg.byte_fallback),
+            normalization_rule_name=cfg.normalization,
             hard_vocab_limit=cfg.hard_vocab_limit,
             pad_id=PAD_ID,
             unk_id=UNK_ID,

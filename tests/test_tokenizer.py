@@ -127,6 +127,15 @@ def test_soft_vocab_limit_trains_a_smaller_vocabulary():
     assert 8 < tok.src_vocab_size < 1000
 
 
+@pytest.mark.parametrize("rule, expected", [("nmt_nfkc", "你好吗?我很好,谢谢!"),
+                                            ("identity", "你好吗？我很好，谢谢！")])
+def test_normalization_decides_whether_full_width_punctuation_survives(rule, expected):
+    chinese = ["你好吗？我很好，谢谢！", "我们喜欢猫。", "你呢？", "好，谢谢！"] * 20
+    cfg = TokenizerConfig(vocab_size=60, hard_vocab_limit=False, normalization=rule)
+    tok = train_tokenizer(["how are you ?", "we like cats ."] * 40, chinese, cfg)
+    assert tok.decode_tgt(tok.encode_tgt([chinese[0]])) == [expected]
+
+
 # ------------------------------------------------------------------------------ the tokenizer folder
 
 
