@@ -151,3 +151,58 @@ def alignment_scores(predicted: Iterable[Iterable[Link]], sure: Iterable[set[Lin
     recall = a_and_s / s_total if s_total else 1.0
     aer = 1.0 - (a_and_s + a_and_p) / (a_total + s_total) if a_total + s_total else 0.0
     return AlignmentScore(aer, precision, recall, a_total, s_total, p_total, n)
+
+
+SYMMETRIZATIONS = ("intersection", "union", "grow-diag", "grow-diag-final", "grow-diag-final-and")
+# Moses's neighbours of a link, in its order: the four sides, then the four corners.
+_NEIGHBOURS = ((-1, 0), (0, -1), (1, 0), (0, 1), (-1, -1), (-1, 1), (1, -1), (1, 1))
+
+
+def symmetrize(forward: Iterable[Link], reverse: Iterable[Link], method: str) -> set[Link]:
+    """One alignment from two directional ones (source-to-target and target-to-source, both as ``(i, j)``
+    links of source word i and target word j), as Moses's ``symal`` defines the heuristics (Koehn et al.
+    2005): the intersection, the union, or the intersection grown towards the union. ``grow-diag`` adds a
+    union link next to a link (sides or corners) while its source or its target word is unaligned, until
+    nothing changes; ``-final`` then adds any directional link whose source or target word is still
+    unaligned, ``-final-and`` only one whose words are both unaligned."""
+    if method not in SYMMETRIZATIONS:
+        raise ValueError(f"unknown symmetrization {method!r}: one of {', '.join(SYMMETRIZATIONS)}")
+    forward, reverse = set(forward), set(reverse)
+    union = forward | reverse
+    if method == "union":
+        return union
+    links = forward & reverse
+    if method == "intersection":
+        return links
+    src_aligned = {i for i, _ in links}
+    tgt_aligned = {j for _, j in links}
+
+    def add(link: Link) -> None:
+        links.add(link)
+        src_aligned.add(link[0])
+        tgt_aligned.add(link[1])
+
+    rows = max((i for i, _ in union), default=-1) + 1
+    cols = max((j for _, j in union), default=-1) + 1
+    grew = True
+    while grew:
+        grew = False
+        for i in range(rows):
+            for j in range(cols):
+                if (i, j) not in links:
+                    continue
+                for di, dj in _NEIGHBOURS:
+                    new = (i + di, j + dj)
+                    if new in union and new not in links and (new[0] not in src_aligned
+                                                              or new[1] not in tgt_aligned):
+                        add(new)
+                        grew = True
+    if method == "grow-diag":
+        return links
+    both = method == "grow-diag-final-and"
+    for directional in (forward, reverse):
+        for new in sorted(directional):
+            src_free, tgt_free = new[0] not in src_aligned, new[1] not in tgt_aligned
+            if new not in links and ((src_free and tgt_free) if both else (src_free or tgt_free)):
+                add(new)
+    return links

@@ -51,3 +51,40 @@ def test_aer_of_gold_against_itself_is_zero_and_of_a_wrong_alignment_as_computed
     assert alignment.alignment_scores([set()], [set()], [set()]).aer == 0.0
 
 
+
+
+# ------------------------------------------------------------------------------------ symmetrization
+# Worked by hand with Moses's grow-diag-final(-and) (Koehn et al. 2005): forward and reverse links of a
+# 4-word pair. The intersection is {0-0, 1-1}; from 1-1 the union links 2-1 (side, source 2 unaligned) and
+# 1-2 (side, target 2 unaligned) grow in, then 3-0 from 2-1 (corner, source 3 unaligned); 3-3 touches no
+# link, so only -final adds it (its target word is unaligned; its source word is not, so not -final-and).
+FORWARD = {(0, 0), (1, 1), (2, 1), (3, 3)}
+REVERSE = {(0, 0), (1, 1), (1, 2), (3, 0)}
+GROWN = {(0, 0), (1, 1), (2, 1), (1, 2), (3, 0)}
+
+
+@pytest.mark.parametrize("method, expected", [
+    ("intersection", {(0, 0), (1, 1)}),
+    ("union", FORWARD | REVERSE),
+    ("grow-diag", GROWN),
+    ("grow-diag-final", GROWN | {(3, 3)}),
+    ("grow-diag-final-and", GROWN),
+])
+def test_symmetrize_matches_the_moses_heuristics(method, expected):
+    assert alignment.symmetrize(FORWARD, REVERSE, method) == expected
+
+
+def test_final_and_adds_a_link_whose_words_are_both_unaligned():
+    forward, reverse = {(0, 0), (2, 2)}, {(0, 0)}
+    assert alignment.symmetrize(forward, reverse, "grow-diag") == {(0, 0)}  # 2-2 is no neighbour of 0-0
+    assert alignment.symmetrize(forward, reverse, "grow-diag-final-and") == {(0, 0), (2, 2)}
+    assert alignment.symmetrize(forward, reverse, "grow-diag-final") == {(0, 0), (2, 2)}
+
+
+def test_grow_diag_only_grows_towards_unaligned_words():
+    # 1-0 neighbours 0-0 and is in the union, but both its words are aligned already (by 0-0 and 1-1).
+    forward, reverse = {(0, 0), (1, 1), (1, 0)}, {(0, 0), (1, 1)}
+    assert alignment.symmetrize(forward, reverse, "grow-diag") == {(0, 0), (1, 1)}
+    assert alignment.symmetrize(forward, reverse, "grow-diag-final") == {(0, 0), (1, 1)}
+    with pytest.raises(ValueError, match="grow-diag-final-and"):
+        alignment.symmetrize(forward, reverse, "grow")
