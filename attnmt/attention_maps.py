@@ -151,8 +151,10 @@ def align_corpus(translator: Translator, sources: Sequence[str], targets: Sequen
     if targets is None:
         targets = translator.best(sources)
     tokenizer = translator.tokenizer
-    src_ids, src_groups = words_to_pieces(tokenizer.encode_src, sources, tokenizer.src_pieces)
-    tgt_ids, tgt_groups = words_to_pieces(tokenizer.encode_tgt, targets, tokenizer.tgt_pieces)
+    src_ids, src_groups = words_to_pieces(tokenizer.encode_src, sources, tokenizer.src_pieces,
+                                          tokenizer.normalize_src)
+    tgt_ids, tgt_groups = words_to_pieces(tokenizer.encode_tgt, targets, tokenizer.tgt_pieces,
+                                          tokenizer.normalize_tgt)
     if gold is not None:
         gold.check_fits([word_count(g) for g in src_groups], [word_count(g) for g in tgt_groups])
     pairs = [i for i in range(len(sources)) if src_ids[i] and tgt_ids[i]]

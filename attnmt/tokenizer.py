@@ -112,6 +112,13 @@ class Tokenizer:
     def encode_tgt(self, texts: list[str]) -> list[list[int]]:
         return self._tgt.encode(texts, out_type=int)
 
+    def normalize_src(self, text: str) -> str:
+        """``text`` as the source model normalizes it before cutting it into pieces (spaces as spaces)."""
+        return self._src.normalize(text).replace("\u2581", " ").strip()
+
+    def normalize_tgt(self, text: str) -> str:
+        return self._tgt.normalize(text).replace("\u2581", " ").strip()
+
     def decode_tgt(self, ids: list[list[int]]) -> list[str]:
         """Detokenised text; special ids are dropped."""
         return self._tgt.decode([[i for i in seq if i > EOS_ID] for seq in ids])

@@ -257,13 +257,16 @@ def merge_words(weights: np.ndarray, row_pieces: Sequence[str],
 
 def words_to_pieces(encode: Callable[[list[str]], list[list[int]]], lines: Sequence[str],
                     to_pieces: Callable[[list[int]], list[str]] | None = None,
+                    normalize: Callable[[str], str] | None = None,
                     ) -> tuple[list[list[int]], list[Pieces]]:
     """Lines -> (piece ids of each line, the pieces of each word: groups or a membership matrix).
 
     A line without CJK characters is read as pre-tokenised (words split on spaces) and its words are
     encoded one by one, so a word's pieces are exactly its own; a word that encodes to nothing (say, a lone
     zero-width space) gets the unknown piece, so every word keeps its index. A line with CJK characters
-    (given ``to_pieces``) has the words of ``segment``, and is encoded whole, as the model reads it."""
+    (given ``to_pieces``) has the words of ``segment``, and is encoded whole, as the model reads it;
+    ``normalize`` is the tokenizer's own normalization (default NFKC, sentencepiece's), which says how many
+    of the pieces' characters each word spells."""
     ids: list[list[int]] = [[] for _ in lines]
     specs: list[Pieces] = [[] for _ in lines]
     spaced = [i for i, line in enumerate(lines) if to_pieces is None or not has_cjk(line)]
@@ -275,18 +278,22 @@ def words_to_pieces(encode: Callable[[list[str]], list[list[int]]], lines: Seque
             pieces = next(encoded) or [UNK_ID]
             specs[i].append(list(range(len(ids[i]), len(ids[i]) + len(pieces))))
             ids[i].extend(pieces)
-    others = [i for i in range(len(lines)) if i not in set(spaced)]
+    spaced_set = set(spaced)
+    others = [i for i in range(len(lines)) if i not in spaced_set]
     line_words = {i: segment(lines[i]) for i in others}
     for i, line_ids in zip(others, encode([model_text(line_words[i]) for i in others]) if others else []):
         ids[i] = line_ids
-        specs[i] = _word_membership(to_pieces(line_ids), line_words[i])
+        specs[i] = _word_membership(to_pieces(line_ids), line_words[i], normalize)
     return ids, specs
 
 
-def _word_membership(pieces: list[str], words: list[Word]) -> np.ndarray:
+def _word_membership(pieces: list[str], words: list[Word],
+                     normalize: Callable[[str], str] | None = None) -> np.ndarray:
     """(P, W) for pieces of ``model_text(words)``: characters are matched in order, each word owning the
-    characters of its NFKC form (sentencepiece normalises as NFKC does: full-width punctuation to ASCII)."""
-    owner_of_position = [w for w, word in enumerate(words) for _ in unicodedata.normalize("NFKC", word.text)]
+    characters of its normalized form (sentencepiece's default, NFKC, turns full-width punctuation into
+    ASCII)."""
+    normalize = normalize or (lambda text: unicodedata.normalize("NFKC", text))
+    owner_of_position = [w for w, word in enumerate(words) for _ in normalize(word.text)]
     chars, orphans = _chars(pieces)
     last = max(len(words) - 1, 0)
     owner = [owner_of_position[c] if c < len(owner_of_position) else last for c in range(len(chars))]

@@ -134,6 +134,7 @@ def test_normalization_decides_whether_full_width_punctuation_survives(rule, exp
     cfg = TokenizerConfig(vocab_size=60, hard_vocab_limit=False, normalization=rule)
     tok = train_tokenizer(["how are you ?", "we like cats ."] * 40, chinese, cfg)
     assert tok.decode_tgt(tok.encode_tgt([chinese[0]])) == [expected]
+    assert tok.normalize_tgt(chinese[0]) == expected  # what the model reads, as the words are counted
 
 
 # ------------------------------------------------------------------------------ the tokenizer folder
