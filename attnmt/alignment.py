@@ -29,16 +29,49 @@ Link = tuple[int, int]  # (source word, target word)
 # ------------------------------------------------------------------------------------ extraction
 
 
-def layer_average(cross: Sequence[np.ndarray], layer: int | None) -> np.ndarray:
-    """The cross-attention (T, S) to align with, from one (H, T, S) array per layer: one layer (0-based,
-    -1 for the last) averaged over its heads, or with ``layer`` None the average over every layer and head."""
-    stacked = np.stack(cross)  # (L, H, T, S)
-    return stacked[layer].mean(0) if layer is not None else stacked.mean((0, 1))
+METHODS = ("mutual", "argmax", "threshold")
 
 
-def extract_alignment(matrix: np.ndarray, method: str = "argmax", threshold: float = 0.5) -> list[Link]:
-    """Links from a word-level attention matrix (T, S): ``argmax`` links each target word to the source
-    word it attends to most; ``threshold`` links every pair whose weight is at least ``threshold``.
+@dataclass(frozen=True)
+class AlignOptions:
+    """How ``attnmt align`` reads links off cross-attention: which layer (0-based, -1 the last, None every
+    layer) and heads (0-based, None all) are averaged, the rows (``shift``: Shift-Att), the extraction
+    ``method`` and its ``threshold``; with a reverse model, the symmetrization of the two directions."""
+
+    layer: int | None = None
+    heads: tuple[int, ...] | None = None
+    shift: bool = False
+    method: str = "mutual"
+    threshold: float = 0.3
+    symmetrize: str = "grow-diag-final-and"
+
+
+def attention_rows(cross: Sequence[np.ndarray], layer: int | None = None, heads: Sequence[int] | None = None,
+                   shift: bool = False) -> np.ndarray:
+    """The cross-attention (T, S) to align with, from one (H, T + 1, S + 1) array per layer (rows: the
+    target pieces and EOS; columns: the source pieces and EOS): ``layer`` (0-based, -1 the last; None every
+    layer) and ``heads`` (0-based; None every head) averaged. The EOS column is masked out and each row
+    renormalised over the real source pieces. Row t is the step that predicts target piece t, or with
+    ``shift`` the step where piece t is the decoder's input, one step later (Shift-Att, Chen et al. 2020);
+    either way the EOS prediction (or the BOS input) is not a row."""
+    stacked = np.stack(cross)  # (L, H, T + 1, S + 1)
+    if stacked.ndim != 4 or stacked.shape[2] < 1 or stacked.shape[3] < 1:
+        raise ValueError(f"expected (layers, heads, T + 1, S + 1) attention, got shape {stacked.shape}")
+    chosen = stacked if layer is None else stacked[[layer]]
+    if heads is not None:
+        chosen = chosen[:, list(heads)]
+    rows = chosen[:, :, 1:, :-1] if shift else chosen[:, :, :-1, :-1]
+    matrix = rows.mean((0, 1), dtype=np.float64)
+    total = matrix.sum(-1, keepdims=True)
+    return np.divide(matrix, total, out=np.zeros_like(matrix), where=total > 0)
+
+
+def extract_alignment(matrix: np.ndarray, method: str = "mutual", threshold: float = 0.5) -> list[Link]:
+    """Links from a word-level attention matrix (T, S). ``argmax`` links each target word to the source
+    word it attends to most; ``mutual`` keeps only those links where the target word is also the one that
+    attends most to that source word (the argmax in both directions, the intersection of the two: SimAlign's
+    ArgMax, Jalili Sabet et al. 2020), so a target word that no source word explains (German's comma after
+    a weekday) stays unaligned; ``threshold`` links every pair whose weight is at least ``threshold``.
     Returns (source, target) pairs sorted by source, then target."""
     matrix = np.asarray(matrix)
     if matrix.ndim != 2:
@@ -46,12 +79,15 @@ def extract_alignment(matrix: np.ndarray, method: str = "argmax", threshold: flo
     T, S = matrix.shape
     if T == 0 or S == 0:
         return []
-    if method == "argmax":
+    if method in ("argmax", "mutual"):
         links = [(int(i), j) for j, i in enumerate(matrix.argmax(axis=1))]
+        if method == "mutual":
+            best_target = matrix.argmax(axis=0)  # (S,) the target word attending most to each source word
+            links = [(i, j) for i, j in links if best_target[i] == j]
     elif method == "threshold":
         links = [(int(i), int(j)) for j, i in zip(*np.nonzero(matrix >= threshold))]
     else:
-        raise ValueError(f"unknown alignment method {method!r}; expected argmax or threshold")
+        raise ValueError(f"unknown alignment method {method!r}; expected one of {', '.join(METHODS)}")
     return sorted(links)
 
 

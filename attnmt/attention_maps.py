@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .alignment import Gold, Link, extract_alignment, layer_average
+from .alignment import AlignOptions, Gold, Link, attention_rows, extract_alignment, symmetrize
 from .batching import collate, token_batches
 from .plot import HeatmapFigure, sentence_maps
 from .translator import Translator, chunks
@@ -140,16 +140,27 @@ class Aligned:
 
 
 def align_corpus(translator: Translator, sources: Sequence[str], targets: Sequence[str] | None = None,
-                 layer: int | None = -1, method: str = "argmax", threshold: float = 0.3,
-                 gold: Gold | None = None) -> Aligned:
-    """Word alignments of sentence pairs from cross-attention under teacher forcing: ``layer`` (0-based, -1
-    the last, None the average of every layer and head) averaged over its heads, EOS left out, merged into
-    words (``words.merge``), links extracted with ``method``. Words are the space-separated tokens of a line
-    (pre-tokenised text, as gold standards are), or for unsegmented CJK text its characters
-    (``words.segment``). Without ``targets`` each source is aligned with the model's own translation.
+                 options: AlignOptions = AlignOptions(), gold: Gold | None = None,
+                 reverse: Translator | None = None) -> Aligned:
+    """Word alignments of sentence pairs from cross-attention under teacher forcing (``options``: the layer
+    and heads averaged, the rows, the method; ``alignment.attention_rows``), merged into words
+    (``words.merge``). Words are the space-separated tokens of a line (pre-tokenised text, as gold
+    standards are), or for unsegmented CJK text its characters (``words.segment``). Without ``targets`` each
+    source is aligned with the model's own translation. With ``reverse``, a model trained in the other
+    direction aligns each target with its source too, and the two are symmetrized (``options.symmetrize``).
     ``gold`` must fit the pairs (checked before any attention is computed)."""
     if targets is None:
         targets = translator.best(sources)
+    links = _directional_links(translator, sources, targets, options, gold)
+    if reverse is not None:
+        backward = _directional_links(reverse, targets, sources, options, None)
+        links = [sorted(symmetrize(forward, [(i, j) for j, i in back], options.symmetrize))
+                 for forward, back in zip(links, backward)]
+    return Aligned(list(targets), links)
+
+
+def _directional_links(translator: Translator, sources: Sequence[str], targets: Sequence[str],
+                       options: AlignOptions, gold: Gold | None) -> list[list[Link]]:
     tokenizer = translator.tokenizer
     src_ids, src_groups = words_to_pieces(tokenizer.encode_src, sources, tokenizer.src_pieces,
                                           tokenizer.normalize_src)
@@ -163,7 +174,7 @@ def align_corpus(translator: Translator, sources: Sequence[str], targets: Sequen
                                     translator.decode.max_tokens, ["cross"])
     links: list[list[Link]] = [[] for _ in sources]
     for i, pair_maps in zip(pairs, maps):
-        matrix = layer_average(pair_maps["cross"], layer)[:-1, :-1]  # (T, S) without the EOS row and column
+        matrix = attention_rows(pair_maps["cross"], options.layer, options.heads, options.shift)  # (T, S)
         words = merge(matrix, tgt_groups[i], src_groups[i])  # (target words, source words)
-        links[i] = extract_alignment(words, method, threshold)
-    return Aligned(list(targets), links)
+        links[i] = extract_alignment(words, options.method, options.threshold)
+    return links

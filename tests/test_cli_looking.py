@@ -154,7 +154,7 @@ def test_align_own_translations_one_line_per_pair_with_valid_indices(toy, tmp_pa
     assert len(links) == len(sources) == len(targets) == TOY_TEST
     for src, tgt, line in zip(sources, targets, links):
         pairs = [tuple(map(int, link.split("-"))) for link in line.split()]
-        assert len(pairs) == len(tgt.split())  # argmax: one link per target word
+        assert len({j for _, j in pairs}) == len(pairs) <= len(tgt.split())  # mutual: at most one per word
         assert all(0 <= i < len(src.split()) and 0 <= j < len(tgt.split()) for i, j in pairs)
     one_based = invoke("align", runs["lstm"], "--src", files["en"], "--tgt", hyps, "--one-based")
     assert one_based.exit_code == 0, one_based.output
@@ -197,6 +197,33 @@ def test_trained_lstm_aligns_better_than_the_diagonal(toy):
     assert 0 <= json.loads(transformer.stdout)["aer"] <= 1
 
 
+def test_align_heads_shift_and_reverse_symmetrization(toy, tmp_path):
+    runs, files = toy
+    common = ["--src", files["en"], "--tgt", files["de"]]
+
+    def links(*args):
+        result = invoke("align", runs["transformer"], *common, *args)
+        assert result.exit_code == 0, result.output
+        return [set(parse_pharaoh(line)[0]) for line in result.stdout.splitlines()]
+
+    # Head and row choices are read: one head, the other head and the shifted rows align differently.
+    one, other, shifted = links("--heads", "1"), links("--heads", "2"), links("--shift", "--method", "argmax")
+    plain = links("--method", "argmax")
+    assert len(one) == len(other) == len(shifted) == TOY_TEST
+    assert one != other and shifted != plain
+    # Symmetrized with a reverse model (here the LSTM read backwards, German to English; the toy tokenizer
+    # is joint): the intersection lies inside the forward links and the union holds them.
+    backward = ["--reverse", runs["lstm"], "--method", "argmax"]
+    inter = links(*backward, "--symmetrize", "intersection")
+    union = links(*backward, "--symmetrize", "union")
+    grown = links(*backward)  # grow-diag-final-and
+    for f, i, u, g in zip(plain, inter, union, grown):
+        assert i <= f <= u and i <= g <= u
+    assert any(i != u for i, u in zip(inter, union))
+    scored = invoke("align", runs["transformer"], *common, "--gold", files["align"], *backward, "--json")
+    assert json.loads(scored.stdout)["symmetrize"] == "grow-diag-final-and"
+
+
 # ------------------------------------------------------------------------------------- bad inputs
 
 
@@ -210,6 +237,10 @@ def test_trained_lstm_aligns_better_than_the_diagonal(toy):
         ("gold_without_target", 2, "--gold needs --tgt"),
         ("layer_too_deep", 2, "--layer 3"),
         ("unknown_method", 2, "--method"),
+        ("heads_too_many", 2, "--heads 1,3: the model has 2"),
+        ("heads_zero", 2, "heads count from 1"),
+        ("reverse_missing", 4, "nope.pt"),
+        ("reverse_layer_too_deep", 2, "the --reverse model has 1"),
         ("corrupt_checkpoint", 4, "corrupt or unsafe checkpoint"),
         ("plot_format", 2, "--format"),
         ("plot_self_lstm", 2, "no self-attention"),
@@ -233,6 +264,11 @@ def test_bad_inputs_exit_with_one_error_line(toy, tmp_path, case, code, needle):
         "layer_too_deep": ["align", runs["transformer"], "--src", en, "--layer", 3],
         "unknown_method": ["align", lstm, "--src", en, "--method", "intersect"],
         "corrupt_checkpoint": ["align", corrupt, "--src", en],
+        "heads_too_many": ["align", runs["transformer"], "--src", en, "--heads", "1,3"],
+        "heads_zero": ["align", runs["transformer"], "--src", en, "--heads", "0"],
+        "reverse_missing": ["align", lstm, "--src", en, "--tgt", de, "--reverse", tmp_path / "nope.pt"],
+        "reverse_layer_too_deep": ["align", runs["transformer"], "--src", en, "--tgt", de, "--layer", 2,
+                                   "--reverse", lstm],
         "plot_format": ["plot", lstm, "may 1st 2001", "--out", tmp_path / "maps", "--format", "gif"],
         "plot_self_lstm": ["plot", lstm, "may 1st 2001", "--out", tmp_path / "maps", "--self"],
         "curves_without_metrics": ["plot-curves", tmp_path],

@@ -14,7 +14,18 @@ import typer
 from ..errors import ConfigError, DataError
 from .app import command
 from .common import open_translator, read_pairs, refuse_overwrite, sentences_or_input, write_output
-from .options import AlignMethod, BeamOpt, DeviceOpt, DpiOpt, FormatOpt, InputOpt, Layer, ModelArg
+from .options import (
+    AlignMethod,
+    BeamOpt,
+    DeviceOpt,
+    DpiOpt,
+    FormatOpt,
+    Heads,
+    InputOpt,
+    Layer,
+    ModelArg,
+    Symmetrization,
+)
 
 
 def _check_number(option: str, value: int | None, count: int, what: str) -> int | None:
@@ -94,10 +105,22 @@ def align(
                                               "i?j or ipj possible) to score against.")] = None,
     layer: Annotated[Layer, typer.Option("--layer", parser=Layer.parse, metavar="LAYER",
                                          help="Cross-attention layer to align with: 1, 2, ..., last, or avg "
-                                         "(over layers and heads).")] = "last",
+                                         "(every layer).")] = "avg",
+    heads: Annotated[Heads, typer.Option("--heads", parser=Heads.parse, metavar="HEADS",
+                                         help="Heads to average: 1,3 (1-based) or all.")] = "all",
+    shift: Annotated[bool, typer.Option("--shift", help="Shift-Att: read each target word's row where "
+                                        "it is the decoder's input, one step after the one predicting "
+                                        "it.")] = False,
     method: Annotated[AlignMethod, typer.Option("--method",
-                                                help="argmax: each target word's most attended source word; "
-                                                "threshold: every weight >= --threshold.")] = "argmax",
+                                                help="mutual: the argmax in both directions; argmax: each "
+                                                "target word's most attended source word; threshold: every "
+                                                "weight >= --threshold.")] = "mutual",
+    reverse: Annotated[Path | None, typer.Option("--reverse", help="A model trained in the other direction "
+                                                 "(target to source): align both ways and symmetrize.",
+                                                 show_default=False)] = None,
+    symmetrize_: Annotated[Symmetrization, typer.Option("--symmetrize", help="With --reverse: how the two "
+                                                        "directions combine (Moses's heuristics).")
+                           ] = "grow-diag-final-and",
     threshold: Annotated[float, typer.Option("--threshold", help="Weight a link needs with --method "
                                              "threshold (0 < X <= 1).")] = 0.3,
     one_based: Annotated[bool, typer.Option("--one-based", help="Word indices in --gold and in the output "
@@ -116,7 +139,7 @@ def align(
     (source pieces summed, target pieces averaged). With --gold, print AER, precision and recall
     (Och & Ney 2003); the alignments are then written only with --output.
     """
-    from ..alignment import alignment_scores, format_pharaoh, read_gold
+    from ..alignment import AlignOptions, alignment_scores, format_pharaoh, read_gold
     from ..attention_maps import align_corpus
     from ..models import attention_layout
     from ..runfiles import atomic_write_text
@@ -129,16 +152,25 @@ def align(
     if hyp_out is not None and tgt is not None:
         raise ConfigError("--hyp-out writes the model's own translations; it cannot be used with --tgt")
     for flag, path in (("--output", output), ("--hyp-out", hyp_out)):
-        refuse_overwrite(flag, path, [src, tgt, gold, model])
+        refuse_overwrite(flag, path, [src, tgt, gold, model, reverse])
     sources, targets = read_pairs(src, tgt)
     gold_links = read_gold(gold, len(sources), src, one_based) if gold is not None else None
     translator, cfg, _ = open_translator(model, device, beam_size)
-    layer.check(attention_layout(cfg.model)[0]["cross"])
+    n_layers, n_heads = attention_layout(cfg.model)
+    layer.check(n_layers["cross"])
+    heads.check(n_heads)
+    back = None
+    if reverse is not None:
+        back, back_cfg, _ = open_translator(reverse, device, beam_size)
+        back_layers, back_heads = attention_layout(back_cfg.model)
+        layer.check(back_layers["cross"], "--reverse ")
+        heads.check(back_heads, "--reverse ")
+    options = AlignOptions(layer.index, heads.indices, shift, method.value, threshold, symmetrize_.value)
     if targets is None:  # the model's own translations, kept (--hyp-out) before the alignment's work
         targets = translator.best(sources)
         if hyp_out is not None:
             atomic_write_text(hyp_out, "".join(t + "\n" for t in targets))
-    aligned = align_corpus(translator, sources, targets, layer.index, method.value, threshold, gold_links)
+    aligned = align_corpus(translator, sources, targets, options, gold_links, back)
     text = "".join(format_pharaoh(links, one_based) + "\n" for links in aligned.links)
     if output is not None or gold is None:
         write_output(output, text)
@@ -146,9 +178,13 @@ def align(
         return
     score = alignment_scores(aligned.links, gold_links.sure, gold_links.possible)
     if json_:
-        typer.echo(json.dumps({**score.as_dict(), "layer": layer.text, "method": method.value}))
+        typer.echo(json.dumps({**score.as_dict(), "layer": layer.text, "heads": heads.text, "shift": shift,
+                               "method": method.value,
+                               "symmetrize": symmetrize_.value if reverse is not None else None}))
     else:
-        print_alignment_score(score, f"alignment of {src} with layer {layer.text}, {method.value}")
+        how = (f"layer {layer.text}, heads {heads.text}, {method.value}" + (", shifted" if shift else "")
+               + (f", {symmetrize_.value} with {reverse}" if reverse is not None else ""))
+        print_alignment_score(score, f"alignment of {src} ({how})")
 
 
 @command("plot-curves")

@@ -16,14 +16,26 @@ import typer
 from ..choices import METRICS, Device
 from ..errors import ConfigError
 
-__all__ = ["AlignMethod", "Device", "FigureFormat", "Layer", "Metrics"]
+__all__ = ["AlignMethod", "Device", "FigureFormat", "Heads", "Layer", "Metrics", "Symmetrization"]
 
 
 class AlignMethod(str, Enum):
-    """How ``align`` links words: each target word's most attended source word, or every weight >= X."""
+    """How ``align`` links words (``alignment.extract_alignment``): the argmax in both directions, each
+    target word's most attended source word, or every weight >= X."""
 
+    mutual = "mutual"
     argmax = "argmax"
     threshold = "threshold"
+
+
+class Symmetrization(str, Enum):
+    """``align --symmetrize``: how the two directions combine (``alignment.symmetrize``, Moses's names)."""
+
+    intersection = "intersection"
+    union = "union"
+    grow_diag = "grow-diag"
+    grow_diag_final = "grow-diag-final"
+    grow_diag_final_and = "grow-diag-final-and"
 
 
 class ToyLanguage(str, Enum):
@@ -80,11 +92,39 @@ class Layer:
             raise typer.BadParameter(f"{value}: layers count from 1")
         return cls(value, number - 1)
 
-    def check(self, n_layers: int) -> None:
-        """A ConfigError unless the model (``n_layers`` cross-attention layers) has this layer."""
+    def check(self, n_layers: int, which: str = "") -> None:
+        """A ConfigError unless the model (``n_layers`` cross-attention layers) has this layer; ``which``
+        names the model in the message ("--reverse ")."""
         if self.index is not None and self.index >= n_layers:
-            raise ConfigError(f"--layer {self.text}: the model has {n_layers} cross-attention layer(s) "
-                              f"(1..{n_layers}, or avg)")
+            raise ConfigError(f"--layer {self.text}: the {which}model has {n_layers} cross-attention "
+                              f"layer(s) (1..{n_layers}, or avg)")
+
+
+@dataclass(frozen=True)
+class Heads:
+    """``align --heads 1,3``: 1-based head numbers, or all."""
+
+    text: str
+    indices: tuple[int, ...] | None  # 0-based; None for every head
+
+    @classmethod
+    def parse(cls, value: str | Heads) -> Heads:
+        if isinstance(value, Heads):
+            return value
+        if value.strip().lower() in ("all", "avg", "average"):
+            return cls(value, None)
+        try:
+            numbers = [int(part) for part in value.split(",") if part.strip()]
+        except ValueError:
+            raise typer.BadParameter(f"{value!r}: expected head numbers such as 1,3, or all") from None
+        if not numbers or min(numbers) < 1:
+            raise typer.BadParameter(f"{value!r}: heads count from 1")
+        return cls(value, tuple(sorted({n - 1 for n in numbers})))
+
+    def check(self, n_heads: int, which: str = "") -> None:
+        if self.indices is not None and self.indices[-1] >= n_heads:
+            raise ConfigError(f"--heads {self.text}: the {which}model has {n_heads} attention head(s) "
+                              f"per layer (1..{n_heads}, or all)")
 
 
 ConfigArg = Annotated[Path, typer.Argument(help="The YAML config file.", show_default=False)]
