@@ -7,8 +7,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 TORCH := torch==2.13.0
 RUN := runs/demo
+# The browser tests (tests/test_explorer.py) drive Debian's /usr/bin/chromium through /usr/bin/chromedriver;
+# `make test` installs both when either is missing, with sudo only when not root and sudo exists.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || ! command -v sudo >/dev/null 2>&1 || echo sudo)
 
-.PHONY: demo test lint clean
+.PHONY: demo test lint clean browser
 
 $(BIN)/.installed: pyproject.toml
 	@echo "setting up $(VENV): $(TORCH) (CPU), attnmt and its dependencies (log: $(VENV)/install.log)"
@@ -23,7 +26,16 @@ demo: $(BIN)/.installed
 	$(BIN)/attnmt toy-data $(RUN)/toy --train-size 1 --dev-size 1 --test-size 300
 	$(BIN)/attnmt eval $(RUN) --src $(RUN)/toy/test.en --ref $(RUN)/toy/test.de
 
-test: $(BIN)/.installed
+browser:
+	@[ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ] || { \
+		echo "installing chromium and chromium-driver for the browser tests (log: $(VENV)/browser.log)"; \
+		mkdir -p $(VENV); \
+		{ $(SUDO) apt-get update && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y \
+			--no-install-recommends chromium chromium-driver; } > $(VENV)/browser.log 2>&1 \
+		&& [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ] \
+		|| { echo "could not install chromium and chromium-driver (log: $(VENV)/browser.log); the browser tests need them: apt-get install chromium chromium-driver"; exit 1; }; }
+
+test: $(BIN)/.installed browser
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 MPLBACKEND=Agg $(BIN)/python -m pytest
 
 lint: $(BIN)/.installed

@@ -13,6 +13,7 @@ Links are between words; which pieces make up a word, and attention merged from 
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -138,9 +139,11 @@ class Gold:
                                 f"({n_src} source words, {n_tgt} target words)")
 
 
-def read_gold(path: Path, lines: int, pairs_from: Path, one_based: bool = False) -> Gold:
-    """A Pharaoh file of gold links with one line per sentence pair (``lines``, those of ``pairs_from``)."""
-    gold_lines = list(read_lines(path))
+def read_gold(path: Path, lines: int, pairs_from: Path, one_based: bool = False,
+              limit: int | None = None) -> Gold:
+    """A Pharaoh file of gold links with one line per sentence pair (``lines``, those of ``pairs_from``);
+    with ``limit``, its first ``limit`` lines only."""
+    gold_lines = list(itertools.islice(read_lines(path), limit))
     if len(gold_lines) != lines:
         raise DataError(f"{pairs_from} has {lines} lines, {path} has {len(gold_lines)}")
     sure, possible = [], []

@@ -19,11 +19,21 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .alignment import AlignOptions, Gold, Link, attention_rows, extract_alignment, symmetrize
+from .alignment import (
+    AlignOptions,
+    Gold,
+    Link,
+    alignment_scores,
+    attention_rows,
+    extract_alignment,
+    symmetrize,
+)
 from .batching import collate, token_batches
+from .errors import DataError
+from .explorer import ExplorerSentence, write_explorer
 from .plot import HeatmapFigure, sentence_maps
 from .translator import Translator, chunks
-from .words import merge, word_count, words_to_pieces
+from .words import merge, piece_words, word_count, words_to_pieces
 
 AttentionMaps = dict[str, list[np.ndarray]]
 """kind (``cross``, ``enc_self``, ``dec_self``) -> one array per layer: cross (H, T, S), enc_self
@@ -159,8 +169,9 @@ def align_corpus(translator: Translator, sources: Sequence[str], targets: Sequen
     return Aligned(list(targets), links)
 
 
-def _directional_links(translator: Translator, sources: Sequence[str], targets: Sequence[str],
-                       options: AlignOptions, gold: Gold | None) -> list[list[Link]]:
+def _word_pieces(translator: Translator, sources: Sequence[str], targets: Sequence[str], gold: Gold | None):
+    """(source ids, source words' pieces, target ids, target words' pieces) of sentence pairs, read as
+    ``align`` reads them (``words.words_to_pieces``); ``gold`` checked against the word counts."""
     tokenizer = translator.tokenizer
     src_ids, src_groups = words_to_pieces(tokenizer.encode_src, sources, tokenizer.src_pieces,
                                           tokenizer.normalize_src)
@@ -168,13 +179,69 @@ def _directional_links(translator: Translator, sources: Sequence[str], targets: 
                                           tokenizer.normalize_tgt)
     if gold is not None:
         gold.check_fits([word_count(g) for g in src_groups], [word_count(g) for g in tgt_groups])
+    return src_ids, src_groups, tgt_ids, tgt_groups
+
+
+def _links(cross: list[np.ndarray], src_groups, tgt_groups, options: AlignOptions) -> list[Link]:
+    matrix = attention_rows(cross, options.layer, options.heads, options.shift)  # (T, S)
+    words = merge(matrix, tgt_groups, src_groups)  # (target words, source words)
+    return extract_alignment(words, options.method, options.threshold)
+
+
+def _directional_links(translator: Translator, sources: Sequence[str], targets: Sequence[str],
+                       options: AlignOptions, gold: Gold | None) -> list[list[Link]]:
+    src_ids, src_groups, tgt_ids, tgt_groups = _word_pieces(translator, sources, targets, gold)
     pairs = [i for i in range(len(sources)) if src_ids[i] and tgt_ids[i]]
     maps = teacher_forced_attention(translator.model, [src_ids[i] for i in pairs],
                                     [tgt_ids[i] for i in pairs], translator.device,
                                     translator.decode.max_tokens, ["cross"])
     links: list[list[Link]] = [[] for _ in sources]
     for i, pair_maps in zip(pairs, maps):
-        matrix = attention_rows(pair_maps["cross"], options.layer, options.heads, options.shift)  # (T, S)
-        words = merge(matrix, tgt_groups[i], src_groups[i])  # (target words, source words)
-        links[i] = extract_alignment(words, options.method, options.threshold)
+        links[i] = _links(pair_maps["cross"], src_groups[i], tgt_groups[i], options)
     return links
+
+
+# ------------------------------------------------------------------------------------------ explorer
+
+
+@dataclass
+class Explored:
+    sentences: int  # pairs on the page
+    bytes: int  # the page's size
+    targets: list[str]  # the targets read (given, or the model's translations)
+
+
+def explore(translator: Translator, sources: Sequence[str], out: Path,
+            targets: Sequence[str] | None = None, kinds: Sequence[str] = ("cross",),
+            options: AlignOptions = AlignOptions(), gold: Gold | None = None,
+            title: str = "attnmt attention") -> Explored:
+    """``attnmt plot --html``: every layer and head of ``kinds`` for each pair (the model's own translation
+    unless ``targets`` are given), with the word alignment ``align`` would extract (``options``) and, with
+    ``gold``, each sentence's AER, written as one self-contained HTML page (``explorer.write_explorer``).
+    Sentences are numbered from 1 in input order; an empty line is left out."""
+    if targets is None:
+        targets = translator.best(sources)
+    tokenizer = translator.tokenizer
+    src_ids, src_groups, tgt_ids, tgt_groups = _word_pieces(translator, sources, targets, gold)
+    pairs = [i for i in range(len(sources)) if src_ids[i] and tgt_ids[i]]
+    maps = teacher_forced_attention(translator.model, [src_ids[i] for i in pairs],
+                                    [tgt_ids[i] for i in pairs], translator.device,
+                                    translator.decode.max_tokens, list(kinds))
+    page = []
+    for i, pair_maps in zip(pairs, maps):
+        src, tgt = tokenizer.src_pieces(src_ids[i]), tokenizer.tgt_pieces(tgt_ids[i])
+        links = _links(pair_maps["cross"], src_groups[i], tgt_groups[i], options)
+        # The page counts words by its pieces' marks (words.piece_words); a pair whose words it would count
+        # otherwise (a word that encodes to nothing) is shown without links rather than with wrong ones.
+        fits = (word_count(piece_words(src)[0]) == word_count(src_groups[i])
+                and word_count(piece_words(tgt)[0]) == word_count(tgt_groups[i]))
+        sure, possible, aer = None, None, None
+        if gold is not None and fits:
+            sure, possible = gold.sure[i], gold.possible[i]
+            aer = alignment_scores([links], [sure], [possible]).aer
+        page.append(ExplorerSentence(i + 1, src + ["</s>"], tgt + ["</s>"], ["<s>"] + tgt,
+                                     {kind: pair_maps[kind] for kind in kinds}, links if fits else None,
+                                     sure, possible, aer))
+    if not page:
+        raise DataError("no sentence pairs to draw (every line is empty)")
+    return Explored(len(page), write_explorer(out, page, title), list(targets))

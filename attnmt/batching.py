@@ -35,6 +35,7 @@ class Batch:
     tgt_lengths: torch.Tensor  # (B,)
     tgt_mask: torch.Tensor  # (B, T)
     indices: torch.Tensor  # (B,) positions of the examples in their corpus
+    align: torch.Tensor | None = None  # (B, T, S) guided alignment targets (``alignment_targets``), if any
 
     @property
     def size(self) -> int:
@@ -51,7 +52,7 @@ class Batch:
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
         return Batch(**{f.name: getattr(self, f.name).to(device, non_blocking=non_blocking)
-                        for f in fields(self)})
+                        if getattr(self, f.name) is not None else None for f in fields(self)})
 
 
 def collate(
@@ -208,6 +209,13 @@ class EncodedSplit:
     src_ids: list[list[int]]
     tgt_ids: list[list[int]]
     tgt_text: list[str]
+    lines: list[int] | None = None
+    """The line of its corpus each pair was read from (1-based); None in a run prepared before it was kept."""
+    gold: list[str] | None = None
+    """The toy task's own word alignments (Pharaoh), one per pair."""
+    align: list[np.ndarray] | None = None
+    """Guided alignment training: per pair, the (target piece, source piece) links its cross-attention is
+    taught to follow (``guided.py``); ``batch`` turns them into ``Batch.align``."""
 
     @functools.cached_property
     def lengths(self) -> list[int]:
@@ -215,7 +223,22 @@ class EncodedSplit:
         return [max(len(s), len(t)) + 1 for s, t in zip(self.src_ids, self.tgt_ids)]
 
     def batch(self, indices: list[int]) -> Batch:
-        return collate([self.src_ids[i] for i in indices], [self.tgt_ids[i] for i in indices], indices)
+        batch = collate([self.src_ids[i] for i in indices], [self.tgt_ids[i] for i in indices], indices)
+        if self.align is not None:
+            batch.align = alignment_targets([self.align[i] for i in indices], batch.tgt_out.shape[1],
+                                            batch.src.shape[1])
+        return batch
+
+
+def alignment_targets(links: Sequence[np.ndarray], T: int, S: int) -> torch.Tensor:
+    """(B, T, S) attention targets from (target piece, source piece) links: each target piece's row spreads
+    1 evenly over its linked source pieces; a piece without links (and padding, EOS) has a row of zeros."""
+    target = torch.zeros(len(links), T, S)
+    for b, pairs in enumerate(links):
+        if len(pairs):
+            pairs = torch.as_tensor(pairs, dtype=torch.long)
+            target[b, pairs[:, 0], pairs[:, 1]] = 1.0
+    return target / target.sum(-1, keepdim=True).clamp(min=1.0)
 
 
 def load_split(run: RunDir, name: str) -> EncodedSplit | None:
@@ -230,4 +253,6 @@ def load_split(run: RunDir, name: str) -> EncodedSplit | None:
     except Exception as e:
         raise DataError(f"{path}: cannot read the encoded {name} split ({type(e).__name__}); "
                         "run attnmt prepare again") from None
-    return EncodedSplit(ds["src_ids"], ds["tgt_ids"], ds["tgt"])
+    return EncodedSplit(ds["src_ids"], ds["tgt_ids"], ds["tgt"],
+                        ds["line"] if "line" in ds.column_names else None,
+                        ds["alignment"] if "alignment" in ds.column_names else None)

@@ -192,6 +192,24 @@ class TransformerConfig(Section):
 ModelConfig = Annotated[LSTMConfig | TransformerConfig, Field(discriminator="arch")]
 
 
+class GuidedAlignmentConfig(Section):
+    """Guided alignment training (Garg et al. 2019): a loss that teaches chosen heads of one cross-attention
+    layer to attend where given word alignments of the training corpus point."""
+
+    path: Path | None = None
+    """A Pharaoh file (``i-j``: source word i, target word j), one line per line of the training corpus
+    as read (before cleaning); words are the space-separated tokens (CJK text without spaces: characters).
+    Default: the toy task's own alignments (``data.train`` of format toy)."""
+    one_based: Bool = False
+    layer: PositiveInt | None = None
+    """The decoder layer (1-based) whose cross-attention is taught; default: the penultimate one (the only
+    one of a one-layer decoder), as Garg et al. chose."""
+    heads: list[PositiveInt] = [1]
+    """The heads (1-based) of that layer that learn the alignment; the others stay free."""
+    weight: Annotated[float, Field(strict=True, gt=0.0, allow_inf_nan=False)] = 0.05
+    """lambda: the loss is cross-entropy + weight * alignment loss (Garg et al.: 0.05)."""
+
+
 class TrainConfig(Section):
     run_dir: Path | None = None
     """Where the run lives; default ``runs/<config name>`` in the working folder."""
@@ -232,6 +250,8 @@ class TrainConfig(Section):
     """Every N-th validation, draw the attention on the first dev sentences into RUN/plots/step_XXXXXXXX/;
     0 = never."""
     tensorboard: Bool = False
+    alignment: GuidedAlignmentConfig | None = None
+    """Guided alignment training; off unless given."""
 
 
 class DecodeConfig(Section):
@@ -309,6 +329,7 @@ def config_from_dict(data: Any, source: str = "<config>", base_dir: Path | None 
 def _resolve_defaults(cfg: Config, source: str, lines: dict[tuple[str, ...], int], overrides) -> None:
     """Defaults that follow other keys: sentencepiece's by the languages, shared embeddings by the tokenizer;
     a shared embedding over separate vocabularies is refused (it would tie unrelated pieces)."""
+    _resolve_alignment(cfg, source, lines, overrides)
     tok, langs = cfg.tokenizer, (cfg.data.src_lang, cfg.data.tgt_lang)
     if tok.character_coverage is None:
         tok.character_coverage = min(default_coverage(lang) for lang in langs)
@@ -327,6 +348,41 @@ def _resolve_defaults(cfg: Config, source: str, lines: dict[tuple[str, ...], int
         where = f"{source}:{line}: {key}" if line else f"{source}: {key}"
     raise ConfigError(f"{where}: true needs tokenizer.joint: true (with separate vocabularies, source piece "
                       "k would be tied to the unrelated target piece k)")
+
+
+def _where(key: str, source: str, lines: dict[tuple[str, ...], int], overrides) -> str:
+    """Where a key was set, for a message: ``--set KEY``, ``FILE:LINE: KEY`` or ``FILE: KEY``."""
+    if any(o.partition("=")[0].strip() == key for o in overrides):
+        return f"--set {key}"
+    line = lines.get(tuple(key.split(".")))
+    return f"{source}:{line}: {key}" if line else f"{source}: {key}"
+
+
+def _resolve_alignment(cfg: Config, source: str, lines: dict[tuple[str, ...], int], overrides) -> None:
+    """``train.alignment``: its layer defaults to the penultimate decoder layer; layer and heads must exist
+    in the model, and without ``path`` the training data must be the toy task (which has alignments)."""
+    guided = cfg.train.alignment
+    if guided is None:
+        return
+    transformer = cfg.model.arch == "transformer"
+    n_layers, n_heads = (cfg.model.dec_layers, cfg.model.n_heads) if transformer else (1, 1)
+    if guided.layer is None:
+        guided.layer = max(n_layers - 1, 1)
+    elif guided.layer > n_layers:
+        raise ConfigError(f"{_where('train.alignment.layer', source, lines, overrides)}: {guided.layer}, but "
+                          f"the model has {n_layers} cross-attention layer(s) (1..{n_layers})")
+    if max(guided.heads) > n_heads:
+        raise ConfigError(f"{_where('train.alignment.heads', source, lines, overrides)}: {guided.heads}, but "
+                          f"the model has {n_heads} head(s) per layer (1..{n_heads})")
+    guided.heads = sorted(set(guided.heads))
+    if guided.path is None and cfg.data.train.format == "toy" and cfg.data.train.lang == "zh":
+        raise ConfigError(f"{_where('train.alignment', source, lines, overrides)}: the Chinese toy task's "
+                          "alignments count segmented words, but its training text is unsegmented "
+                          "(characters); give a path")
+    if guided.path is None and cfg.data.train.format != "toy":
+        raise ConfigError(f"{_where('train.alignment', source, lines, overrides)}: path is required "
+                          "(the alignments of data.train, one Pharaoh line per line); only the toy task "
+                          "brings its own")
 
 
 def parse_override(item: str) -> tuple[str, Any]:

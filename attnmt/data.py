@@ -50,6 +50,8 @@ class ParallelText:
     dropped: dict[str, int] = field(default_factory=dict)
     alignments: list[str] | None = None
     """Gold word alignments (Pharaoh ``i-j`` sure, ``i?j`` possible), known for the toy task only."""
+    lines: list[int] = field(default_factory=list)
+    """The line (or row) each kept pair was read from, counting from 1."""
 
     def add(self, src: str, tgt: str, line: int) -> None:
         self.read += 1
@@ -60,6 +62,7 @@ class ParallelText:
             return
         self.src.append(src)
         self.tgt.append(tgt)
+        self.lines.append(line)
 
     def __len__(self) -> int:
         return len(self.src)
@@ -74,11 +77,11 @@ def read_corpus(source: Source, name: str) -> ParallelText:
                ToySource: _read_toy}
     corpus = readers[type(source)](source, name)
     if corpus.read == 0:
-        raise DataError(f"{name}: the corpus is empty ({_describe_source(source)})")
+        raise DataError(f"{name}: the corpus is empty ({describe_source(source)})")
     return corpus
 
 
-def _describe_source(source: Source) -> str:
+def describe_source(source: Source) -> str:
     if isinstance(source, TextSource):
         return f"{source.src}, {source.tgt}"
     if isinstance(source, (TsvSource, JsonlSource)):

@@ -35,3 +35,15 @@ def label_smoothed_nll(logits: torch.Tensor, target: torch.Tensor, pad_id: int,
         nll = (loss if smoothing == 0.0
                else F.cross_entropy(logits, target, ignore_index=pad_id, reduction="sum"))
     return LossOutput(loss, nll.detach(), int((target != pad_id).sum()))
+
+
+def guided_alignment_loss(weights: torch.Tensor, target: torch.Tensor, heads: list[int]) -> torch.Tensor:
+    """Guided alignment (Garg et al. 2019, eq. 4): cross-entropy between given alignments and attention.
+
+    weights (B, H, T, S): one layer's cross-attention; target (B, T, S): each supervised target piece's row
+    spreads 1 over its linked source pieces, other rows are zero (``batching.alignment_targets``). The
+    chosen ``heads`` (0-based) are averaged, so together they learn the links. Returns the sum over the
+    supervised rows of -sum_s target * log(attention), a sum like the translation loss's.
+    """
+    chosen = weights[:, heads].float().mean(1)  # (B, T, S)
+    return -(target * torch.log(chosen.clamp_min(1e-9))).sum()

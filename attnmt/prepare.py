@@ -93,9 +93,10 @@ def encode_split(corpus: ParallelText, tokenizer: Tokenizer, max_len: int | None
         "tgt": [corpus.tgt[i] for i in keep],
         "src_ids": [src_ids[i] for i in keep],
         "tgt_ids": [tgt_ids[i] for i in keep],
+        "line": [corpus.lines[i] for i in keep],
     }
     if corpus.alignments is not None:
-        columns["alignment"] = [corpus.alignments[i] for i in keep]
+        columns["alignment"] = [corpus.alignments[corpus.lines[i] - 1] for i in keep]
     src_tokens, src_pct, src_unk = _length_stats(columns["src_ids"])
     tgt_tokens, tgt_pct, tgt_unk = _length_stats(columns["tgt_ids"])
     stats = SplitStats(corpus.name, corpus.read, len(keep), dropped, src_tokens, tgt_tokens, src_pct, tgt_pct,

@@ -42,6 +42,7 @@ class TrainRecord:
     lr: float
     tokens_per_s: float  # source + target tokens
     grad_norm: float | None  # of the last step, before clipping
+    align_loss: float | None = None  # guided alignment training: its loss per target token
 
 
 @dataclass
@@ -55,6 +56,7 @@ class ValidRecord:
     bleu_signature: str
     chrf_signature: str
     example: str  # the first dev sentence's translation
+    aer: float | None = None  # with gold alignments of the dev set (the toy task): the dev AER
 
     def score(self, metric: str) -> float:
         return getattr(self, metric)

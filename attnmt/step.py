@@ -22,7 +22,7 @@ from .batching import EncodedSplit
 from .config import TrainConfig
 from .distributed import Dist
 from .faults import Faults
-from .loss import label_smoothed_nll
+from .loss import guided_alignment_loss, label_smoothed_nll
 from .optim import Schedule, set_lr
 from .tokenizer import PAD_ID
 
@@ -40,6 +40,7 @@ class StepResult:
     tokens: float = 0.0  # source + target
     grad_norm: float | None = None  # before clipping
     lr: float | None = None
+    align_loss: float | None = None  # guided alignment loss, summed over supervised target pieces
 
 
 def step_seed(seed: int, step: int, position: int) -> int:
@@ -71,9 +72,9 @@ class OptimizerStep:
         """Step ``step`` on this rank's ``micro_batches``. ``stop_requested()`` (a signal arrived) and
         ``time_up()`` (rank 0's clock decides) are asked after the backward pass, so that a signal during
         this step stops the run after it, and shared with every rank, so that all stop together."""
-        loss_sum, nll_sum, global_tgt, global_src = self._backward(micro_batches, step)
-        shared = [loss_sum, nll_sum, float(stop_requested()), float(time_up())]
-        loss_sum, nll_sum, stop, up = self.dist.all_sum(shared)
+        loss_sum, nll_sum, align_sum, global_tgt, global_src = self._backward(micro_batches, step)
+        shared = [loss_sum, nll_sum, align_sum, float(stop_requested()), float(time_up())]
+        loss_sum, nll_sum, align_sum, stop, up = self.dist.all_sum(shared)
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
         max_norm = self.cfg.clip_norm if self.cfg.clip_norm > 0 else float("inf")
@@ -93,15 +94,19 @@ class OptimizerStep:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return StepResult(False, stop > 0, up > 0, loss_sum, nll_sum, global_tgt, global_tgt + global_src,
-                          grad_norm, lr)
+                          grad_norm, lr, align_sum if self.cfg.alignment is not None else None)
 
-    def _backward(self, micro_batches: list[list[int]], step: int) -> tuple[float, float, float, float]:
+    def _backward(self, micro_batches: list[list[int]],
+                  step: int) -> tuple[float, float, float, float, float]:
         """Gradients of this rank's micro-batches, each loss over the step's target tokens on every rank;
-        returns (loss sum, nll sum, global target tokens, global source tokens)."""
+        returns (loss sum, nll sum, guided alignment loss sum, global target tokens, global source tokens).
+        With ``train.alignment``, the loss is the translation loss + weight * the alignment loss."""
+        guided = self.cfg.alignment
+        align_layer = guided.layer - 1 if guided is not None else None
         batches = [self.data.batch(indices) for indices in micro_batches]
         local_tgt, local_src = sum(b.n_tgt_tokens for b in batches), sum(b.n_src_tokens for b in batches)
         global_tgt, global_src = self.dist.all_sum([float(local_tgt), float(local_src)])
-        loss_sum = nll_sum = 0.0
+        loss_sum = nll_sum = align_sum = 0.0
         autocast = {"dtype": self.autocast_dtype, "enabled": self.autocast_dtype is not None}
         for m, batch in enumerate(batches):
             torch.manual_seed(step_seed(self.cfg.seed, step, m * self.dist.world_size + self.dist.rank))
@@ -109,12 +114,17 @@ class OptimizerStep:
             last = m == len(batches) - 1 or not self.dist.active
             with (contextlib.nullcontext() if last else self.ddp_model.no_sync(),
                   torch.autocast(self.device.type, **autocast)):
-                out = self.forward(batch)
+                out = self.forward(batch) if guided is None else self.forward(batch, align_layer=align_layer)
                 loss = label_smoothed_nll(out.logits, batch.tgt_out, PAD_ID, self.cfg.label_smoothing)
                 if self.faults.poisons(step):
                     loss.loss = loss.loss * float("nan")
-                scaled = loss.loss * (self.dist.world_size / max(global_tgt, 1.0))
+                total = loss.loss
+                if guided is not None:
+                    aligned = guided_alignment_loss(out.alignment, batch.align, [h - 1 for h in guided.heads])
+                    total = total + guided.weight * aligned
+                    align_sum += float(aligned.detach())
+                scaled = total * (self.dist.world_size / max(global_tgt, 1.0))
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()
             loss_sum += float(loss.loss.detach())
             nll_sum += float(loss.nll)
-        return loss_sum, nll_sum, global_tgt, global_src
+        return loss_sum, nll_sum, align_sum, global_tgt, global_src

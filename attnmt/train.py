@@ -14,6 +14,7 @@ The parts: ``step`` (one optimizer step and its normalisation), ``distributed`` 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -37,9 +38,11 @@ from .checkpoint import (
     training_payload,
 )
 from .config import Config, load_config
+from .data import describe_source
 from .distributed import choose_device, setup_distributed
 from .errors import AttnmtError, CheckpointError, ConfigError, DivergedError, is_out_of_memory
 from .faults import NO_FAULTS, Faults
+from .guided import piece_alignments
 from .keeper import CheckpointKeeper
 from .languages import bleu_tokenizer, missing_extra
 from .models import build_model
@@ -99,8 +102,8 @@ class Progress:
     evals_without_improvement: int = 0
     finished: bool = False  # the loop ended (informational: a larger max_steps/epochs/minutes continues it)
     early_stopped: bool = False  # patience ran out: the run is over for good
-    # loss, nll, tgt and all tokens since the last log
-    log_sums: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])
+    # loss, nll, tgt and all tokens, guided alignment loss since the last log
+    log_sums: list[float] = field(default_factory=lambda: [0.0] * 5)
     train_seconds: float = 0.0  # wall time spent in the loop, over all resumes
     # [{"step", "file", "sha256", "score"}], best first (``keeper``)
     best: list[dict] = field(default_factory=list)
@@ -138,6 +141,8 @@ class Trainer:
         found = latest_checkpoint(run)
         self.tokenizer = load_tokenizer(run.tokenizer, recorded_tokenizer(found[1] if found else None))
         self.train_data, dev_data = load_split(run, "train"), load_split(run, "dev")
+        if self.tc.alignment is not None:
+            self.train_data.align = self._guided_alignments()
         self.sampler = TokenBatchSampler(
             self.train_data.lengths, self.tc.max_tokens, self.tc.seed,
             num_replicas=self.dist.world_size, rank=self.dist.rank, multiple_of=self.tc.accum_steps,
@@ -164,6 +169,18 @@ class Trainer:
                                             self.device, self.tc, self.train_data, self.faults)
         if self.tc.tensorboard and self.dist.main:
             self.log.tensorboard = open_tensorboard(run)
+
+    def _guided_alignments(self) -> list:
+        """``train.alignment``'s links of every training pair, in pieces, checked against the corpus."""
+        stats = {s["name"]: s for s in json.loads(self.run.stats.read_text(encoding="utf-8"))}
+        read = stats.get("train", {}).get("read", len(self.train_data.src_ids))
+        links = piece_alignments(self.tc.alignment, self.train_data, self.tokenizer, read,
+                                 describe_source(self.cfg.data.train))
+        supervised = sum(1 for x in links if len(x))
+        self.log.show(Message(f"guided alignment: {supervised} of {len(links)} training pairs have links; "
+                              f"decoder layer {self.tc.alignment.layer}, heads {self.tc.alignment.heads}, "
+                              f"weight {self.tc.alignment.weight:g}"))
+        return links
 
     def _prepare_data(self) -> None:
         """Run ``prepare`` unless the run folder holds data prepared with this config's data and tokenizer
@@ -267,7 +284,9 @@ class Trainer:
         p, tc = self.progress, self.tc
         if not result.skipped:
             # In the checkpointed progress, so that the first record after a resume is exact too.
-            for i, value in enumerate((result.loss, result.nll, result.tgt_tokens, result.tokens)):
+            p.log_sums.extend([0.0] * (5 - len(p.log_sums)))  # a checkpoint from before align_loss has 4
+            for i, value in enumerate((result.loss, result.nll, result.tgt_tokens, result.tokens,
+                                       result.align_loss or 0.0)):
                 p.log_sums[i] += value
         self.faults.after_step(p.step)
         if p.step % tc.log_every == 0 and p.log_sums[2]:
@@ -288,12 +307,13 @@ class Trainer:
 
     def _log_train(self, result: StepResult, epoch_batches: int) -> None:
         p = self.progress
-        loss, nll, tgt_tokens, tokens = p.log_sums
+        loss, nll, tgt_tokens, tokens, aligned = (p.log_sums + [0.0])[:5]
         seconds = time.perf_counter() - self._window_start
         epoch = p.epoch + p.batch_in_epoch / max(epoch_batches, 1)
         self.log.record(TrainRecord(p.step, epoch, loss / tgt_tokens, nll / tgt_tokens,
-                                    self.schedule.lr(p.step), tokens / max(seconds, 1e-9), result.grad_norm))
-        p.log_sums, self._window_start = [0.0, 0.0, 0.0, 0.0], time.perf_counter()
+                                    self.schedule.lr(p.step), tokens / max(seconds, 1e-9), result.grad_norm,
+                                    aligned / tgt_tokens if self.tc.alignment is not None else None))
+        p.log_sums, self._window_start = [0.0] * 5, time.perf_counter()
 
     def elapsed(self) -> float:
         """Training wall time so far, over all resumes (seconds)."""

@@ -3,6 +3,7 @@
 Letters: B batch, T target length, V vocabulary.
 """
 
+import numpy as np
 import pytest
 import torch
 
@@ -113,3 +114,50 @@ def test_low_precision_logits_give_an_fp32_loss():
     assert out.loss.dtype == torch.float32
     expected, _ = oracle(half.double(), target, 0, 0.1)
     torch.testing.assert_close(out.loss.double(), expected, **TOL)
+
+
+# ------------------------------------------------------------------------------- guided alignment
+
+
+def _attention(seed=0, B=2, H=3, T=4, S=5):
+    """Attention logits (B, H, T, S) needing grad, and their softmax."""
+    logits = torch.randn(B, H, T, S, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+    logits.requires_grad_(True)
+    return logits, logits.softmax(-1)
+
+
+def test_guided_loss_is_the_cross_entropy_of_the_chosen_heads_average_with_the_links():
+    from attnmt.batching import alignment_targets
+    from attnmt.loss import guided_alignment_loss
+
+    logits, weights = _attention()
+    # Pair 0: target piece 0 -> source 1; piece 2 -> sources 3 and 4 (half each). Pair 1: piece 1 -> 0.
+    target = alignment_targets([np.array([[0, 1], [2, 3], [2, 4]]), np.array([[1, 0]])], 4, 5).double()
+    assert target[0, 2].tolist() == [0, 0, 0, 0.5, 0.5] and target[0, 1].sum() == 0
+    loss = guided_alignment_loss(weights, target, [0, 2])
+    mean = (weights[:, 0] + weights[:, 2]) / 2
+    by_hand = -(torch.log(mean[0, 0, 1]) + 0.5 * torch.log(mean[0, 2, 3]) + 0.5 * torch.log(mean[0, 2, 4])
+                + torch.log(mean[1, 1, 0]))
+    torch.testing.assert_close(loss.double(), by_hand)
+
+
+def test_guided_loss_gradient_pulls_the_chosen_heads_towards_the_links_and_leaves_the_others():
+    from attnmt.batching import alignment_targets
+    from attnmt.loss import guided_alignment_loss
+
+    logits, weights = _attention(1)
+    links = [np.array([[0, 1], [1, 3], [3, 0]]), np.array([[2, 2]])]
+    target = alignment_targets(links, 4, 5).double()
+    loss = guided_alignment_loss(weights, target, [1])
+    loss.backward()
+    grad = logits.grad
+    assert torch.count_nonzero(grad[:, [0, 2]]) == 0  # heads not chosen: no gradient at all
+    # A step down the gradient raises the weight of every linked cell of the chosen head ...
+    stepped = (logits - 0.5 * grad).softmax(-1)
+    for b, pairs in enumerate(links):
+        for t, s in pairs:
+            assert stepped[b, 1, t, s] > weights[b, 1, t, s]
+    # ... and leaves rows without a link (pair 0 piece 2, pair 1 pieces 0, 1, 3) alone.
+    assert torch.count_nonzero(grad[0, 1, 2]) == 0 and torch.count_nonzero(grad[1, 1, [0, 1, 3]]) == 0
+    # The loss falls after the step.
+    assert guided_alignment_loss(stepped, target, [1]) < loss

@@ -45,8 +45,18 @@ def plot(
     input_: InputOpt = None,
     limit: Annotated[int | None, typer.Option("--limit", min=1,
                                               help="Draw only the first N sentences.")] = None,
-    out: Annotated[Path, typer.Option("--out", "-o", help="Folder to write the figures into.",
-                                      show_default=False)] = ...,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Folder to write the figures into.",
+                                             show_default=False)] = None,
+    html: Annotated[Path | None, typer.Option("--html", help="Write one self-contained HTML explorer of "
+                                              "every sentence, layer and head here instead (opens offline "
+                                              "in any browser).", show_default=False)] = None,
+    tgt: Annotated[Path | None, typer.Option("--tgt", help="With --html: target sentences to read "
+                                             "(default: the model's own translations).")] = None,
+    gold: Annotated[Path | None, typer.Option("--gold", help="With --html and --tgt: gold alignments "
+                                              "(Pharaoh) to colour the drawn alignment by, with each "
+                                              "sentence's AER.")] = None,
+    one_based: Annotated[bool, typer.Option("--one-based", help="Word indices in --gold count from 1.")
+                         ] = False,
     layer: Annotated[int | None, typer.Option("--layer", min=1, help="Only this layer "
                                               "(1-based; default: every layer).")] = None,
     head: Annotated[int | None, typer.Option("--head", min=1, help="Only this head "
@@ -66,19 +76,34 @@ def plot(
     attention map; a Transformer's cross-attention per layer as a grid of heads and their average (and with
     --self its encoder and decoder self-attention).
     Files: NNNN_cross_layerL.png, NNNN_enc_self_layerL.png, ...
+
+    With --html FILE, one page instead: a sentence navigator; cross, encoder and decoder self-attention
+    (with --self); any layer, head or their average; a heatmap or a line view; pieces or words; the word
+    alignment that align extracts drawn on top (with --tgt and --gold, coloured by gold, with each AER).
     """
     from ..attention_maps import HeatmapOptions, draw_attention
     from ..models import attention_layout
     from ..plot import KIND_TITLES
 
-    lines = sentences_or_input(sentences, input_)
-    if out.exists() and not out.is_dir():
+    if (out is None) == (html is None):
+        raise ConfigError("give --out FOLDER (figures) or --html FILE (one explorer page)")
+    if html is None and (tgt is not None or gold is not None):
+        raise ConfigError(f"{'--tgt' if tgt is not None else '--gold'} is read with --html only")
+    if gold is not None and tgt is None:
+        raise ConfigError("--gold needs --tgt: gold links refer to the target sentences they were made for")
+    if out is not None and out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file; give a folder")
+    if html is not None:
+        refuse_overwrite("--html", html, [input_, tgt, gold, model])
+    lines = sentences_or_input(sentences, input_)
     translator, cfg, _ = open_translator(model, device, beam_size)
     n_layers, n_heads = attention_layout(cfg.model)
     if self_ and "enc_self" not in n_layers:
         raise ConfigError(f"--self: a {cfg.model.arch} model has no self-attention to draw")
     kinds = ("cross", "enc_self", "dec_self") if self_ else ("cross",)
+    if html is not None:
+        _explore(translator, cfg, lines, limit, html, tgt, gold, one_based, kinds)
+        return
     layers = {kind: _check_number("--layer", layer, n_layers[kind], f"{KIND_TITLES[kind]} layers")
               for kind in kinds}
     options = HeatmapOptions(kinds, layers, _check_number("--head", head, n_heads, "attention heads"), words,
@@ -94,6 +119,49 @@ def plot(
                          "longer than decode.max_src_len pieces were truncated\n")
 
 
+def _explore(translator, cfg, lines, limit, html: Path, tgt: Path | None, gold: Path | None,
+             one_based: bool, kinds) -> None:
+    """``plot --html``: read the sources (and targets, gold), write the explorer page."""
+    from ..alignment import read_gold
+    from ..attention_maps import explore
+    from ..data import read_lines
+
+    sources = list(itertools.islice(lines, limit))
+    if not sources:
+        raise DataError("no sentences to draw")
+    targets = None
+    if tgt is not None:
+        targets = list(itertools.islice(read_lines(tgt), limit))
+        if len(targets) != len(sources):
+            raise DataError(f"{tgt} has {len(targets)} lines, but there are {len(sources)} sources"
+                            + (f" (--limit {limit})" if limit else ""))
+    gold_links = read_gold(gold, len(sources), tgt, one_based, limit) if gold is not None else None
+    started = time.perf_counter()
+    done = explore(translator, sources, html, targets, kinds, align_options(cfg), gold_links,
+                   f"attnmt: {html.stem}")
+    seconds = time.perf_counter() - started
+    typer.echo(f"wrote {html} ({done.bytes / 1024:,.0f} KB): {done.sentences} sentence(s) in {seconds:.1f} s")
+
+
+def layer_and_heads(cfg, layer: Layer | None = None, heads: Heads | None = None) -> tuple[Layer, Heads]:
+    """``align``'s layer and heads, given or by default: every layer and head, or the layer and heads that
+    ``train.alignment`` taught the model."""
+    guided = cfg.train.alignment
+    if layer is None:
+        layer = Layer.parse(str(guided.layer) if guided is not None else "avg")
+    if heads is None:
+        heads = Heads.parse(",".join(map(str, guided.heads)) if guided is not None else "all")
+    return layer, heads
+
+
+def align_options(cfg):
+    """The ``AlignOptions`` ``align`` uses by default for this model."""
+    from ..alignment import AlignOptions
+
+    layer, heads = layer_and_heads(cfg)
+    return AlignOptions(layer.index, heads.indices)
+
+
 @command()
 def align(
     model: ModelArg,
@@ -103,11 +171,15 @@ def align(
                                              "(default: the model's own translations).")] = None,
     gold: Annotated[Path | None, typer.Option("--gold", help="Gold alignments (Pharaoh: i-j sure, "
                                               "i?j or ipj possible) to score against.")] = None,
-    layer: Annotated[Layer, typer.Option("--layer", parser=Layer.parse, metavar="LAYER",
-                                         help="Cross-attention layer to align with: 1, 2, ..., last, or avg "
-                                         "(every layer).")] = "avg",
-    heads: Annotated[Heads, typer.Option("--heads", parser=Heads.parse, metavar="HEADS",
-                                         help="Heads to average: 1,3 (1-based) or all.")] = "all",
+    layer: Annotated[Layer | None, typer.Option("--layer", parser=Layer.parse, metavar="LAYER",
+                                                help="Cross-attention layer to align with: 1, 2, ..., last, "
+                                                "or avg (every layer; the default, unless the model was "
+                                                "trained with train.alignment: then its layer).",
+                                                show_default=False)] = None,
+    heads: Annotated[Heads | None, typer.Option("--heads", parser=Heads.parse, metavar="HEADS",
+                                                help="Heads to average: 1,3 (1-based) or all (the default, "
+                                                "unless the model was trained with train.alignment: then "
+                                                "its heads).", show_default=False)] = None,
     shift: Annotated[bool, typer.Option("--shift", help="Shift-Att: read each target word's row where "
                                         "it is the decoder's input, one step after the one predicting "
                                         "it.")] = False,
@@ -157,6 +229,7 @@ def align(
     gold_links = read_gold(gold, len(sources), src, one_based) if gold is not None else None
     translator, cfg, _ = open_translator(model, device, beam_size)
     n_layers, n_heads = attention_layout(cfg.model)
+    layer, heads = layer_and_heads(cfg, layer, heads)
     layer.check(n_layers["cross"])
     heads.check(n_heads)
     back = None

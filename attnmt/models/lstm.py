@@ -102,18 +102,19 @@ class LSTMModel(nn.Module):
         new_state = dataclasses.replace(state, h=h.transpose(0, 1), c=c.transpose(0, 1), feed=feed)
         return logits, new_state, (weights if need_attention else None)
 
-    def forward(self, batch, need_attention: bool = False) -> ModelOutput:
+    def forward(self, batch, need_attention: bool = False, align_layer: int | None = None) -> ModelOutput:
         """Teacher forcing: step through tgt_in, returning logits (B, T, V) and, if asked, the attention
-        (B, T, S)."""
+        (B, 1, T, S) (``need_attention``, or ``align_layer`` 0: the one attention, for guided alignment)."""
         state = self.encode(batch.src, batch.src_mask)
         logits, weights = [], []
+        need = need_attention or align_layer is not None
         for t in range(batch.tgt_in.size(1)):
-            step_logits, state, w = self.step(batch.tgt_in[:, t], state, need_attention)
+            step_logits, state, w = self.step(batch.tgt_in[:, t], state, need)
             logits.append(step_logits)
             weights.append(w)
-        # [(B, 1, T, S)]
-        attention = {"cross": [torch.stack(weights, dim=1)[:, None]]} if need_attention else None
-        return ModelOutput(torch.stack(logits, dim=1), attention)
+        cross = torch.stack(weights, dim=1)[:, None] if need else None  # (B, 1, T, S)
+        attention = {"cross": [cross]} if need_attention else None
+        return ModelOutput(torch.stack(logits, dim=1), attention, cross if align_layer is not None else None)
 
     def select(self, state: LSTMState, index: torch.Tensor, inplace: bool = False) -> LSTMState:
         """Keep or repeat rows (N',); the per-sentence part moves only when the sentences change. Always

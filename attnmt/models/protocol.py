@@ -1,7 +1,7 @@
 """What every architecture gives the trainer and the decoder: ``TranslationModel`` and its decoding states.
 
-Teacher forcing: ``model(batch, need_attention)`` returns a ``ModelOutput``. Decoding goes through
-three calls that ``decode.py`` relies on, and nothing else:
+Teacher forcing: ``model(batch, need_attention, align_layer)`` returns a ``ModelOutput``. Decoding goes
+through three calls that ``decode.py`` relies on, and nothing else:
 
 - ``encode(src, src_mask) -> state``: run the encoder once; the state holds what every step needs;
 - ``step(tokens (N,), state, need_attention) -> (logits (N, V), state, attention (N, S) or None)``:
@@ -39,6 +39,8 @@ class ModelOutput:
     logits: torch.Tensor  # (B, T, V)
     attention: dict[str, list[torch.Tensor]] | None = None
     """With ``need_attention``: name -> one weight tensor per layer, e.g. ``cross``: (B, H, T, S)."""
+    alignment: torch.Tensor | None = None
+    """With ``align_layer``: that layer's cross-attention (B, H, T, S), in the graph (guided alignment)."""
 
 
 def per_sentence() -> Any:
@@ -66,7 +68,8 @@ State = TypeVar("State")
 class TranslationModel(Protocol[State]):
     """An encoder-decoder as the trainer (``__call__``) and the searches (the other three) use it."""
 
-    def __call__(self, batch: Any, need_attention: bool = False) -> ModelOutput: ...
+    def __call__(self, batch: Any, need_attention: bool = False,
+                 align_layer: int | None = None) -> ModelOutput: ...
 
     def encode(self, src: torch.Tensor, src_mask: torch.Tensor) -> State: ...
 

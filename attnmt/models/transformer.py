@@ -143,8 +143,10 @@ class DecoderLayer(nn.Module):
         cross_kv: tuple[torch.Tensor, torch.Tensor],
         src_mask: torch.Tensor,
         need_weights: bool,
+        need_cross: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """Teacher forcing, causal over x. Returns (x, self weights, cross weights)."""
+        """Teacher forcing, causal over x. Returns (x, self weights, cross weights); ``need_cross`` asks for
+        the cross weights alone."""
 
         def self_attention(h: torch.Tensor):
             q, k, v = self.self_attn.project_qkv(h)  # each (B, H, T, dh)
@@ -152,7 +154,7 @@ class DecoderLayer(nn.Module):
 
         x, self_weights = self.sub_self(x, self_attention)
         x, cross_weights = self.sub_cross(
-            x, lambda h: self._cross_attention(h, cross_kv, src_mask, need_weights, 1))
+            x, lambda h: self._cross_attention(h, cross_kv, src_mask, need_weights or need_cross, 1))
         x, _ = self.sub_ffn(x, lambda h: (self.ffn(h), None))
         return x, self_weights, cross_weights
 
@@ -229,18 +231,18 @@ class TransformerModel(nn.Module):
     def _cross_kv(self, memory: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return [layer.cross_attn.project_kv(memory) for layer in self.decoder]  # each (B, H, S, dh)
 
-    def forward(self, batch, need_attention: bool = False) -> ModelOutput:
+    def forward(self, batch, need_attention: bool = False, align_layer: int | None = None) -> ModelOutput:
         memory, enc_weights = self._encode(batch.src, batch.src_mask, need_attention)  # (B, S, D)
         x = self._embed(self.tgt_embed, batch.tgt_in, 0)  # (B, T, D)
         self_weights, cross_weights = [], []
-        for layer, cross_kv in zip(self.decoder, self._cross_kv(memory)):
-            x, sw, cw = layer(x, cross_kv, batch.src_mask, need_attention)
+        for i, (layer, cross_kv) in enumerate(zip(self.decoder, self._cross_kv(memory))):
+            x, sw, cw = layer(x, cross_kv, batch.src_mask, need_attention, i == align_layer)
             self_weights.append(sw)
             cross_weights.append(cw)
         logits = self.output(self.dec_norm(x))  # (B, T, V)
         attention = ({"enc_self": enc_weights, "dec_self": self_weights, "cross": cross_weights}
                      if need_attention else None)
-        return ModelOutput(logits, attention)
+        return ModelOutput(logits, attention, cross_weights[align_layer] if align_layer is not None else None)
 
     # ------------------------------------------------------------------ incremental decoding
     #
