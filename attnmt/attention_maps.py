@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -26,14 +27,17 @@ from .alignment import (
     alignment_scores,
     attention_rows,
     extract_alignment,
+    parse_pharaoh,
     symmetrize,
 )
 from .batching import collate, token_batches
 from .errors import DataError
 from .explorer import ExplorerSentence, write_explorer
-from .plot import HeatmapFigure, sentence_maps
 from .translator import Translator, chunks
 from .words import merge, piece_words, word_count, words_to_pieces
+
+if TYPE_CHECKING:
+    from .plot import HeatmapFigure
 
 AttentionMaps = dict[str, list[np.ndarray]]
 """kind (``cross``, ``enc_self``, ``dec_self``) -> one array per layer: cross (H, T, S), enc_self
@@ -108,6 +112,8 @@ def draw_encoded(translator: Translator, src_ids: Sequence[Sequence[int]], numbe
                  out_dir: Path, options: HeatmapOptions, painter: HeatmapFigure | None = None) -> int:
     """Translate encoded sources, read each translation back under teacher forcing, and write the heatmaps
     of sentence ``numbers[i]`` into ``out_dir`` (``plot.sentence_maps``); returns the files written."""
+    from .plot import HeatmapFigure, sentence_maps  # matplotlib loads only for what draws
+
     painter = painter or HeatmapFigure()
     tokenizer, kinds = translator.tokenizer, list(options.kinds)
     hyps = [found[0].tokens for found in translator.search(src_ids)]
@@ -130,6 +136,8 @@ def draw_attention(translator: Translator, lines: Iterable[str], out_dir: Path, 
                    chunk_lines: int = 1000) -> Drawn:
     """``attnmt plot``: the heatmaps of every line (numbered from 1 in input order; an empty line keeps its
     number and gets no figure), ``chunk_lines`` lines at a time."""
+    from .plot import HeatmapFigure
+
     drawn, painter = Drawn(), HeatmapFigure()
     for chunk in chunks(lines, chunk_lines):
         sources = translator.encode(chunk)
@@ -141,6 +149,24 @@ def draw_attention(translator: Translator, lines: Iterable[str], out_dir: Path, 
 
 
 # ---------------------------------------------------------------------------------------- alignments
+
+
+def default_align_options(cfg) -> AlignOptions:
+    """How ``align`` reads a model by default: every layer and head averaged, or for a model trained with
+    ``train.alignment`` the layer and heads it taught; the mutual argmax."""
+    guided = cfg.train.alignment
+    if guided is None:
+        return AlignOptions()
+    return AlignOptions(guided.layer - 1, tuple(h - 1 for h in guided.heads))
+
+
+def dev_aer(translator: Translator, sources: Sequence[str], targets: Sequence[str], gold_lines: Sequence[str],
+            options: AlignOptions) -> float:
+    """The AER of ``align`` on sentence pairs with gold Pharaoh lines (validation on the toy task)."""
+    sure, possible = zip(*(parse_pharaoh(line) for line in gold_lines))
+    gold = Gold(Path("dev gold"), list(sure), list(possible))
+    links = align_corpus(translator, sources, targets, options, gold).links
+    return alignment_scores(links, gold.sure, gold.possible).aer
 
 
 @dataclass

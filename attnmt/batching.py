@@ -213,6 +213,8 @@ class EncodedSplit:
     """The line of its corpus each pair was read from (1-based); None in a run prepared before it was kept."""
     gold: list[str] | None = None
     """The toy task's own word alignments (Pharaoh), one per pair."""
+    src_text: list[str] | None = None
+    """The cleaned source sentences."""
     align: list[np.ndarray] | None = None
     """Guided alignment training: per pair, the (target piece, source piece) links its cross-attention is
     taught to follow (``guided.py``); ``batch`` turns them into ``Batch.align``."""
@@ -255,4 +257,4 @@ def load_split(run: RunDir, name: str) -> EncodedSplit | None:
                         "run attnmt prepare again") from None
     return EncodedSplit(ds["src_ids"], ds["tgt_ids"], ds["tgt"],
                         ds["line"] if "line" in ds.column_names else None,
-                        ds["alignment"] if "alignment" in ds.column_names else None)
+                        ds["alignment"] if "alignment" in ds.column_names else None, ds["src"])

@@ -197,8 +197,9 @@ class GuidedAlignmentConfig(Section):
     layer to attend where given word alignments of the training corpus point."""
 
     path: Path | None = None
-    """A Pharaoh file (``i-j``: source word i, target word j), one line per line of the training corpus
-    as read (before cleaning); words are the space-separated tokens (CJK text without spaces: characters).
+    """A Pharaoh file (``i-j``: source word i, target word j; possible links ``i?j`` are not taught), one line
+    per line of the training corpus as read (before cleaning); words are the space-separated tokens (CJK
+    text without spaces: characters).
     Default: the toy task's own alignments (``data.train`` of format toy)."""
     one_based: Bool = False
     layer: PositiveInt | None = None

@@ -35,7 +35,8 @@ def read_metrics(path: Path) -> list[dict]:
 
 
 def curves_figure(records: Sequence[dict], title: str = "") -> Figure:
-    """Train loss and dev loss (left), dev BLEU and chrF (right) against the step."""
+    """Train loss and dev loss (left), dev BLEU and chrF (right) against the step; with gold alignments of
+    the dev set (the toy task), the dev AER beside them (right, its own axis, in %)."""
 
     def series(event: str, key: str) -> tuple[list[float], list[float]]:
         points = [(r["step"], r[key]) for r in records
@@ -44,7 +45,7 @@ def curves_figure(records: Sequence[dict], title: str = "") -> Figure:
         return [p[0] for p in points], [p[1] for p in points]
 
     train_loss, dev_loss = series("train", "loss"), series("valid", "loss")
-    bleu, chrf = series("valid", "bleu"), series("valid", "chrf")
+    bleu, chrf, aer = series("valid", "bleu"), series("valid", "chrf"), series("valid", "aer")
     if not train_loss[0] and not dev_loss[0]:
         raise ValueError("no train or valid records with a step and a loss")
     fig = Figure(figsize=(10, 4))
@@ -60,7 +61,15 @@ def curves_figure(records: Sequence[dict], title: str = "") -> Figure:
     if bleu[0]:
         right.plot(*bleu, "o-", label="dev BLEU", markersize=3)
         right.plot(*chrf, "s-", label="dev chrF", markersize=3)
-        right.legend(fontsize=FONT_SIZE)
+        handles, labels = right.get_legend_handles_labels()
+        if aer[0]:
+            twin = right.twinx()
+            (line,) = twin.plot(aer[0], [100 * a for a in aer[1]], "^--", color="tab:red", label="dev AER",
+                                markersize=3)
+            twin.set_ylabel("dev AER (%)")
+            twin.set_ylim(bottom=0)
+            handles, labels = handles + [line], labels + ["dev AER"]
+        right.legend(handles, labels, fontsize=FONT_SIZE)
     else:
         right.text(0.5, 0.5, "no validation yet", ha="center", va="center", transform=right.transAxes)
     right.set_xlabel("step")

@@ -1,11 +1,12 @@
 """Guided alignment training (Garg et al. 2019): the word alignments of the training corpus, checked
 against it and turned into the (target piece, source piece) links that chosen cross-attention heads learn.
 
-A Pharaoh line ``i-j`` links source word i to target word j (``i?j`` possible links count too: they are
-links the file gives). Words are what ``words.piece_words`` makes of a pair's pieces: the space-separated
-tokens, or for CJK text without spaces its characters. Pairs that cleaning or the length filter dropped
-keep their line in the file (the file follows the corpus as read), so each kept pair takes the line it was
-read from. Every piece of the source word is linked with every piece of the target word; the loss
+A Pharaoh line ``i-j`` links source word i to target word j; possible links (``i?j``, ``ipj``) are read
+and checked but not taught: a head taught a sure and a possible link of one word splits its attention
+evenly between them (on the toy task the argmax then lands on the possible link about half the time).
+Words are what ``words.piece_words`` makes of a pair's pieces: the space-separated tokens, or for CJK
+text without spaces its characters. Pairs that cleaning or the length filter dropped keep their line in
+the file (the file follows the corpus as read), so each kept pair takes the line it was read from. Every piece of the source word is linked with every piece of the target word; the loss
 (``loss.guided_alignment_loss``) spreads a target piece's attention evenly over its links.
 """
 
@@ -58,15 +59,15 @@ def piece_alignments(guided: GuidedAlignmentConfig, split: EncodedSplit, tokeniz
     out = []
     for k, text in enumerate(texts):
         try:
-            _, links = parse_pharaoh(text, guided.one_based)
+            links, possible = parse_pharaoh(text, guided.one_based)
         except ValueError as e:
             raise DataError(f"{where}:{numbers[k]}: {e}") from None
-        if not links:
+        if not possible:
             out.append(np.zeros((0, 2), dtype=np.int64))
             continue
         src = _membership(tokenizer.src_pieces(split.src_ids[k])) > 0  # (P, W)
         tgt = _membership(tokenizer.tgt_pieces(split.tgt_ids[k])) > 0
-        outside = sorted((i, j) for i, j in links if i >= src.shape[1] or j >= tgt.shape[1])
+        outside = sorted((i, j) for i, j in possible if i >= src.shape[1] or j >= tgt.shape[1])
         if outside:
             i, j = outside[0]
             shift = 1 if guided.one_based else 0

@@ -1,5 +1,6 @@
-"""Validation during training: dev loss and perplexity, dev translations scored with sacrebleu, and the
-heatmaps of the first dev sentences (``train.plot_every``).
+"""Validation during training: dev loss and perplexity, dev translations scored with sacrebleu, with gold
+alignments of the dev pairs (the toy task) the dev AER, and the heatmaps of the first dev sentences
+(``train.plot_every``).
 
 Validation batches follow ``decode.max_tokens``; translations follow the ``decode`` section with
 ``train.valid_beam_size`` as the beam (1 = greedy), through the same ``Translator`` as ``attnmt
@@ -16,6 +17,7 @@ import torch
 
 from .batching import EncodedSplit, TokenBatchSampler
 from .config import Config
+from .languages import is_cjk_language
 from .loss import label_smoothed_nll
 from .metrics import corpus_scores
 from .runlog import ValidRecord
@@ -59,6 +61,7 @@ class Validator:
             texts = self.tokenizer.decode_tgt([hyps[0].tokens for hyps in search(self.dev.src_ids)])
             scores = corpus_scores(texts, [self.dev.tgt_text], ("bleu", "chrf"),
                                    tgt_lang=self.cfg.data.tgt_lang)
+            aer = self.aer(model)
         finally:
             model.train(was_training)
         return ValidRecord(
@@ -70,7 +73,19 @@ class Validator:
             bleu_signature=scores["bleu"].signature,
             chrf_signature=scores["chrf"].signature,
             example=texts[0] if texts else "",
+            aer=aer,
         )
+
+    def aer(self, model: torch.nn.Module) -> float | None:
+        """With gold alignments of the dev pairs (the toy task): the AER of ``attnmt align``'s default reading
+        of the model on them. None without gold, and for a CJK target (the toy's Chinese gold counts
+        segmented words; the model reads unsegmented text)."""
+        if self.dev.gold is None or self.dev.src_text is None or is_cjk_language(self.cfg.data.tgt_lang):
+            return None
+        from .attention_maps import default_align_options, dev_aer
+
+        return dev_aer(self.translator(model), self.dev.src_text, self.dev.tgt_text, self.dev.gold,
+                       default_align_options(self.cfg))
 
     def plot(self, model: torch.nn.Module, step: int, out_dir: Path) -> None:
         """Heatmaps of the cross-attention on the first dev sentences and their translations, into

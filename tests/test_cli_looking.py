@@ -122,12 +122,12 @@ def test_training_wrote_heatmaps_and_plot_curves_animates_them(toy):
 
 
 def test_a_failing_plot_never_stops_training(toy, tmp_path, monkeypatch, caplog):
-    import attnmt.attention_maps
+    import attnmt.plot
 
     def broken(*args, **kwargs):
         raise RuntimeError("no figure today")
 
-    monkeypatch.setattr(attnmt.attention_maps, "sentence_maps", broken)
+    monkeypatch.setattr(attnmt.plot, "sentence_maps", broken)
     runs, _ = toy
     run = tmp_path / "run"
     for part in ("data", "tokenizer"):
@@ -224,6 +224,40 @@ def test_align_heads_shift_and_reverse_symmetrization(toy, tmp_path):
     assert json.loads(scored.stdout)["symmetrize"] == "grow-diag-final-and"
 
 
+def _page_data(path) -> list[dict]:
+    """The sentences' JSON of an explorer page (``explorer.py``: a ``<script id="explorer-data">``)."""
+    text = path.read_text(encoding="utf-8")
+    marker = '<script id="explorer-data" type="application/json">'
+    start = text.index(marker) + len(marker)
+    return json.loads(text[start: text.index("</script>", start)])["sentences"]
+
+
+def test_plot_html_writes_one_explorer_of_every_sentence_with_the_alignment_align_gives(toy, tmp_path):
+    runs, files = toy
+    page = tmp_path / "attention.html"
+    result = invoke("plot", runs["transformer"], "--input", files["en"], "--tgt", files["de"], "--gold",
+                    files["align"], "--html", page, "--self", "--limit", 20)
+    assert result.exit_code == 0, result.output
+    assert f"wrote {page}" in result.stdout and "20 sentence(s)" in result.stdout
+    data = _page_data(page)
+    assert [s["number"] for s in data] == list(range(1, 21))
+    assert set(data[0]["maps"]) == {"cross", "enc_self", "dec_self"}
+    assert data[0]["maps"]["cross"]["layers"] == 2 and data[0]["maps"]["cross"]["heads"] == 2
+    # The drawn links are align's, and each sentence's AER is its own score against the gold.
+    aligned = invoke("align", runs["transformer"], "--src", files["en"], "--tgt", files["de"])
+    expected = [sorted(parse_pharaoh(line)[0]) for line in aligned.stdout.splitlines()[:20]]
+    assert [sorted(map(tuple, s["links"])) for s in data] == expected
+    gold = [parse_pharaoh(line) for line in lines(files["align"])[:20]]
+    for entry, (sure, possible), links in zip(data, gold, expected):
+        assert entry["aer"] == pytest.approx(alignment_scores([links], [sure], [possible]).aer)
+    # Without --tgt the model's own translations are read; the LSTM has cross-attention only.
+    own = tmp_path / "own.html"
+    result = invoke("plot", runs["lstm"], "may 1st 2001", "the 3rd of june 1990", "--html", own)
+    assert result.exit_code == 0, result.output
+    data = _page_data(own)
+    assert len(data) == 2 and set(data[0]["maps"]) == {"cross"} and data[0]["aer"] is None
+
+
 # ------------------------------------------------------------------------------------- bad inputs
 
 
@@ -245,6 +279,12 @@ def test_align_heads_shift_and_reverse_symmetrization(toy, tmp_path):
         ("plot_format", 2, "--format"),
         ("plot_self_lstm", 2, "no self-attention"),
         ("curves_without_metrics", 3, "metrics.jsonl"),
+        ("plot_out_and_html", 2, "give --out FOLDER (figures) or --html FILE"),
+        ("plot_neither", 2, "give --out FOLDER (figures) or --html FILE"),
+        ("plot_gold_without_tgt", 2, "--gold needs --tgt"),
+        ("plot_tgt_without_html", 2, "--tgt is read with --html only"),
+        ("plot_html_short_tgt", 3, "has 99 lines, but there are 100 sources"),
+        ("plot_html_bad_gold", 3, "malformed alignment link"),
     ],
 )
 def test_bad_inputs_exit_with_one_error_line(toy, tmp_path, case, code, needle):
@@ -272,9 +312,19 @@ def test_bad_inputs_exit_with_one_error_line(toy, tmp_path, case, code, needle):
         "plot_format": ["plot", lstm, "may 1st 2001", "--out", tmp_path / "maps", "--format", "gif"],
         "plot_self_lstm": ["plot", lstm, "may 1st 2001", "--out", tmp_path / "maps", "--self"],
         "curves_without_metrics": ["plot-curves", tmp_path],
+        "plot_out_and_html": ["plot", lstm, "may 1st 2001", "--out", tmp_path / "maps", "--html",
+                              tmp_path / "maps.html"],
+        "plot_neither": ["plot", lstm, "may 1st 2001"],
+        "plot_gold_without_tgt": ["plot", lstm, "--input", en, "--gold", files["align"], "--html",
+                                  tmp_path / "maps.html"],
+        "plot_tgt_without_html": ["plot", lstm, "--input", en, "--tgt", de, "--out", tmp_path / "maps"],
+        "plot_html_short_tgt": ["plot", lstm, "--input", en, "--tgt", short, "--html", tmp_path / "maps.html"],
+        "plot_html_bad_gold": ["plot", lstm, "--input", en, "--tgt", de, "--gold", gold, "--html",
+                               tmp_path / "maps.html"],
     }[case]
     gold_lines = lines(files["align"])
-    gold_lines[1] = {"bad_gold": "0-1 2x3", "gold_out_of_range": "0-1 0-99"}.get(case, gold_lines[1])
+    gold_lines[1] = {"bad_gold": "0-1 2x3", "gold_out_of_range": "0-1 0-99"}.get(case.removeprefix("plot_html_"),
+                                                                            gold_lines[1])
     gold.write_text("".join(line + "\n" for line in gold_lines), encoding="utf-8")
     result = invoke(*args)
     assert result.exit_code == code, result.output
@@ -282,6 +332,6 @@ def test_bad_inputs_exit_with_one_error_line(toy, tmp_path, case, code, needle):
     assert needle in line
     if case == "fewer_targets":
         assert "has 99" in line
-    if case in ("bad_gold", "gold_out_of_range"):
+    if case in ("bad_gold", "gold_out_of_range", "plot_html_bad_gold"):
         assert f"{gold}:2:" in line
-    assert not (tmp_path / "maps").exists()
+    assert not (tmp_path / "maps").exists() and not (tmp_path / "maps.html").exists()

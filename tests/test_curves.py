@@ -24,6 +24,15 @@ def test_curves_from_metrics_and_heatmaps_assembled(tmp_path):
         assert image.size == (1000, 400)
     with pytest.raises(ValueError, match="no train or valid"):
         curves.curves_figure([{"event": "start"}])
+    assert len(fig.axes) == 2  # no AER recorded: no AER axis
+
+    # With dev AER recorded (gold alignments of the dev set), it is drawn beside BLEU, in %, on its own axis.
+    records = [{**r, "aer": 0.5 / r["step"]} if r["event"] == "valid" else r for r in records]
+    fig = curves.curves_figure(records)
+    (aer,) = fig.axes[2].get_lines()
+    assert aer.get_label() == "dev AER" and list(aer.get_xdata()) == [10, 20, 30]
+    np.testing.assert_allclose(aer.get_ydata(), [5.0, 2.5, 100 * 0.5 / 30])
+    assert "dev AER" in [t.get_text() for t in fig.axes[1].get_legend().get_texts()]
 
     frames = []
     for k, n in enumerate((3, 5)):  # frames of different sizes

@@ -77,16 +77,19 @@ class TrainReporter:
             self._start(event)
         elif isinstance(event, TrainRecord):
             status = (f"epoch {event.epoch:.2f}  loss {event.loss:.3f}  lr {event.lr:.2e}  "
-                      f"{event.tokens_per_s:,.0f} tok/s")
+                      f"{event.tokens_per_s:,.0f} tok/s"
+                      + (f"  align {event.align_loss:.3f}" if event.align_loss is not None else ""))
             if self.progress is not None:
                 self.progress.update(self.task, completed=event.step, status=status)
             else:
                 self.console.print(f"step {event.step}  {status}", highlight=False)
         elif isinstance(event, ValidRecord):
             table = Table(title=f"validation at step {event.step}", title_justify="left")
-            for column in ("loss", "ppl", "BLEU", "chrF"):
+            columns = ["loss", "ppl", "BLEU", "chrF"] + (["AER"] if event.aer is not None else [])
+            for column in columns:
                 table.add_column(column, justify="right")
-            table.add_row(f"{event.loss:.3f}", f"{event.ppl:.2f}", f"{event.bleu:.2f}", f"{event.chrf:.2f}")
+            values = [f"{event.loss:.3f}", f"{event.ppl:.2f}", f"{event.bleu:.2f}", f"{event.chrf:.2f}"]
+            table.add_row(*values, *([f"{100 * event.aer:.2f}%"] if event.aer is not None else []))
             self.console.print(table)
             self.console.print(f"  {event.bleu_signature}", highlight=False, markup=False)
             self.console.print(f"  e.g. {event.example}", highlight=False, markup=False)
