@@ -6,7 +6,8 @@ and checked but not taught: a head taught a sure and a possible link of one word
 evenly between them (on the toy task the argmax then lands on the possible link about half the time).
 Words are what ``words.piece_words`` makes of a pair's pieces: the space-separated tokens, or for CJK
 text without spaces its characters. Pairs that cleaning or the length filter dropped keep their line in
-the file (the file follows the corpus as read), so each kept pair takes the line it was read from. Every piece of the source word is linked with every piece of the target word; the loss
+the file (the file follows the corpus as read), so each kept pair takes the line it was read from. Every
+piece of the source word is linked with every piece of the target word; the loss
 (``loss.guided_alignment_loss``) spreads a target piece's attention evenly over its links.
 """
 

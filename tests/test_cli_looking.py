@@ -318,13 +318,14 @@ def test_bad_inputs_exit_with_one_error_line(toy, tmp_path, case, code, needle):
         "plot_gold_without_tgt": ["plot", lstm, "--input", en, "--gold", files["align"], "--html",
                                   tmp_path / "maps.html"],
         "plot_tgt_without_html": ["plot", lstm, "--input", en, "--tgt", de, "--out", tmp_path / "maps"],
-        "plot_html_short_tgt": ["plot", lstm, "--input", en, "--tgt", short, "--html", tmp_path / "maps.html"],
+        "plot_html_short_tgt": ["plot", lstm, "--input", en, "--tgt", short, "--html",
+                                tmp_path / "maps.html"],
         "plot_html_bad_gold": ["plot", lstm, "--input", en, "--tgt", de, "--gold", gold, "--html",
                                tmp_path / "maps.html"],
     }[case]
     gold_lines = lines(files["align"])
-    gold_lines[1] = {"bad_gold": "0-1 2x3", "gold_out_of_range": "0-1 0-99"}.get(case.removeprefix("plot_html_"),
-                                                                            gold_lines[1])
+    broken = {"bad_gold": "0-1 2x3", "gold_out_of_range": "0-1 0-99"}
+    gold_lines[1] = broken.get(case.removeprefix("plot_html_"), gold_lines[1])
     gold.write_text("".join(line + "\n" for line in gold_lines), encoding="utf-8")
     result = invoke(*args)
     assert result.exit_code == code, result.output

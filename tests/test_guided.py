@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+
 import pytest
 from helpers import assert_one_error_line, read_records
 from typer.testing import CliRunner
@@ -131,7 +132,7 @@ def test_guided_training_aligns_better_than_unguided_and_records_dev_aer(trained
     assert (scores["plain"]["layer"], scores["plain"]["heads"]) == ("avg", "all")
     assert scores["guided"]["aer"] < min(scores["plain"]["aer"] / 2, 0.03)
     # Validation scores the dev AER (the toy task has gold), and the guided loss is logged and falls.
-    for name, run in runs.items():
+    for run in runs.values():
         valid = read_records(run, "valid")
         assert [r["step"] for r in valid] == [150, 300] and all(0 <= r["aer"] <= 1 for r in valid)
     assert valid[-1]["aer"] == pytest.approx(_dev_aer(runs["guided"]), abs=1e-6)
@@ -183,7 +184,8 @@ def test_bad_alignment_inputs_exit_with_one_error_line(tmp_path, case, code, nee
                "zero_weight": {"weight": 0.0}}.get(case, {})
     if case == "no_path_for_a_real_corpus":
         guided = {"layer": 1}
-    config = {**TINY, "data": {"src_lang": "en", "tgt_lang": "de", "train": {"src": str(src), "tgt": str(tgt)}},
+    data = {"src_lang": "en", "tgt_lang": "de", "train": {"src": str(src), "tgt": str(tgt)}}
+    config = {**TINY, "data": data,
               "tokenizer": {"vocab_size": 20, "hard_vocab_limit": False},
               "train": {**TINY["train"], "max_steps": 1, "alignment": guided}}
     path = tmp_path / "config.yaml"
