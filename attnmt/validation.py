@@ -57,11 +57,12 @@ class Validator:
                 loss = label_smoothed_nll(out.logits, batch.tgt_out, PAD_ID, self.cfg.train.label_smoothing)
                 loss_sum, nll_sum, tokens = (loss_sum + float(loss.loss), nll_sum + float(loss.nll),
                                              tokens + loss.n_tokens)
-            search = self.translator(model).search
+            translator = self.translator(model)
+            search = translator.search
             texts = self.tokenizer.decode_tgt([hyps[0].tokens for hyps in search(self.dev.src_ids)])
             scores = corpus_scores(texts, [self.dev.tgt_text], ("bleu", "chrf"),
                                    tgt_lang=self.cfg.data.tgt_lang)
-            aer = self.aer(model)
+            aer = self.aer(translator)
         finally:
             model.train(was_training)
         return ValidRecord(
@@ -76,7 +77,7 @@ class Validator:
             aer=aer,
         )
 
-    def aer(self, model: torch.nn.Module) -> float | None:
+    def aer(self, translator: Translator) -> float | None:
         """With gold alignments of the dev pairs (the toy task): the AER of ``attnmt align``'s default reading
         of the model on them. None without gold, and for a CJK target (the toy's Chinese gold counts
         segmented words; the model reads unsegmented text)."""
@@ -84,7 +85,7 @@ class Validator:
             return None
         from .attention_maps import default_align_options, dev_aer
 
-        return dev_aer(self.translator(model), self.dev.src_text, self.dev.tgt_text, self.dev.gold,
+        return dev_aer(translator, self.dev.src_text, self.dev.tgt_text, self.dev.gold,
                        default_align_options(self.cfg))
 
     def plot(self, model: torch.nn.Module, step: int, out_dir: Path) -> None:

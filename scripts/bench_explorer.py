@@ -5,6 +5,7 @@ from ``driver.get(file://...)`` until the first heatmap is drawn (median of seve
 
     python scripts/bench_explorer.py
     python scripts/bench_explorer.py --sentences 500 --loads 5
+    python scripts/bench_explorer.py --page runs/m30k/explorer.html   # a page attnmt plot --html wrote
 
 Two times per load: ``window.explorerReady`` (``performance.now()`` at the first draw, so from the
 navigation's start, as the page sees it) and the wall time around ``driver.get`` plus polling for it (adds
@@ -100,7 +101,16 @@ def main() -> None:
     parser.add_argument("--longest", type=int, default=30)
     parser.add_argument("--loads", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--page", type=Path, nargs="*", default=[],
+                        help="measure these pages (written by attnmt plot --html) instead")
     args = parser.parse_args()
+    if args.page:
+        print(f"{'page':<40}{'KB':>9}{'first draw ms':>15}{'wall ms':>9}")
+        for path in args.page:
+            in_page, wall = load_times(path.resolve(), args.loads)
+            print(f"{str(path):<40}{path.stat().st_size / 1024:>9.1f}{statistics.median(in_page):>15.0f}"
+                  f"{statistics.median(wall):>9.0f}")
+        return
 
     print(f"{args.sentences} sentences, {args.layers} layers, {args.heads} heads, "
           f"{args.shortest}-{args.longest} pieces a side")

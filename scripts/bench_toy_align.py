@@ -9,6 +9,13 @@ Trains ``configs/toy_transformer.yaml`` (unguided), ``configs/toy_transformer_gu
 for ``--reverse``, the unguided recipe in the other direction (German to English, the same toy pairs
 written out by ``attnmt toy-data``), unless the run folders under ``--out`` already hold a finished run.
 Prints a markdown table and writes ``--out/toy_align.json``.
+
+With ``--sources`` it also measures where the alignments of a real corpus (one without gold) could come from
+for guided training: the guided recipe is trained again on the toy training pairs aligned (a) by the
+unguided attnmt model itself (``attnmt align``'s default), (b) by it symmetrized with the de-en model
+(grow-diag-final-and), and (c) by eflomal (the optional extra ``attnmt[align]``; both directions,
+symmetrized with the same grow-diag-final-and), instead of the toy's gold. eflomal's own test AER (it
+aligns the training and test pairs together, unsupervised) is the dedicated aligner's baseline.
 """
 
 from __future__ import annotations
@@ -59,10 +66,75 @@ def score(model: Path, data: Path, *options) -> dict:
     return {**json.loads(result.stdout), "seconds": round(time.perf_counter() - started, 2)}
 
 
+def eflomal_align(src: Path, tgt: Path, out: Path) -> tuple[list[set], float]:
+    """eflomal's links of every line of src/tgt (both directions, grow-diag-final-and) and its seconds."""
+    from eflomal import Aligner
+
+    from attnmt.alignment import format_pharaoh, parse_pharaoh, symmetrize
+
+    forward, backward = out.with_suffix(".fwd"), out.with_suffix(".rev")
+    started = time.perf_counter()
+    with open(src, encoding="utf-8") as s, open(tgt, encoding="utf-8") as t:
+        Aligner().align(s, t, links_filename_fwd=str(forward), links_filename_rev=str(backward))
+    links = [symmetrize(parse_pharaoh(f)[0], parse_pharaoh(r)[0], "grow-diag-final-and")
+             for f, r in zip(forward.read_text().splitlines(), backward.read_text().splitlines())]
+    seconds = time.perf_counter() - started
+    out.write_text("".join(format_pharaoh(x) + "\n" for x in links), encoding="utf-8")
+    return links, seconds
+
+
+def sources(out: Path, data: Path, plain: Path, reverse: Path | None) -> list[dict]:
+    """Guided training on alignments from attnmt itself and from eflomal instead of the gold."""
+    from attnmt.alignment import alignment_scores, parse_pharaoh, read_gold
+
+    made: dict[str, Path] = {}
+    own = out / "train.own.align"
+    if not own.exists():
+        run("align", plain, "--src", data / "train.en", "--tgt", data / "train.de", "--output", own)
+    made["attnmt (unguided model, mutual)"] = own
+    if reverse is not None:
+        both = out / "train.own_gdfa.align"
+        if not both.exists():
+            run("align", plain, "--src", data / "train.en", "--tgt", data / "train.de", "--output", both,
+                "--reverse", reverse, "--method", "argmax", "--symmetrize", "grow-diag-final-and")
+        made["attnmt with the de-en model, gdfa"] = both
+    # eflomal sees the training and the test pairs together; its training lines go to guided training.
+    joint_src, joint_tgt = out / "joint.en", out / "joint.de"
+    train_lines = (data / "train.en").read_text(encoding="utf-8").splitlines()
+    joint_src.write_text((data / "train.en").read_text() + (data / "test.en").read_text(), encoding="utf-8")
+    joint_tgt.write_text((data / "train.de").read_text() + (data / "test.de").read_text(), encoding="utf-8")
+    links, seconds = eflomal_align(joint_src, joint_tgt, out / "joint.eflomal.align")
+    efl = out / "train.eflomal.align"
+    efl.write_text("".join(line + "\n" for line in (out / "joint.eflomal.align").read_text().splitlines()
+                           [: len(train_lines)]), encoding="utf-8")
+    made["eflomal, gdfa"] = efl
+    test = links[len(train_lines):]
+    gold = read_gold(data / "test.align", len(test), data / "test.en")
+    eflomal_test = alignment_scores(test, gold.sure, gold.possible)
+    gold_train = read_gold(data / "train.align", len(train_lines), data / "train.en")
+    rows = [{"source": "eflomal itself on the test pairs", "test_aer": eflomal_test.aer,
+             "seconds": round(seconds, 1), "sentences": len(links)}]
+    for name, path in made.items():
+        lines = [parse_pharaoh(line)[0] for line in path.read_text(encoding="utf-8").splitlines()]
+        train_aer = alignment_scores(lines, gold_train.sure, gold_train.possible).aer
+        run_dir = out / ("guided_" + "".join(c if c.isalnum() else "_" for c in name))
+        if not list(run_dir.glob("checkpoints/step_*.pt")):
+            run("train", REPO / "configs" / "toy_transformer_guided.yaml", "--run-dir", run_dir,
+                "--set", f"train.alignment.path={path}")
+        found = score(run_dir, data)
+        rows.append({"source": name, "train_aer": train_aer, "test_aer": found["aer"]})
+        print(f"guided on {name}: its training alignments' AER {100 * train_aer:.2f}%, "
+              f"the guided model's test AER {100 * found['aer']:.2f}%", flush=True)
+    return rows
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "bench_toy_align")
     parser.add_argument("--no-reverse", action="store_true", help="skip the German-to-English model")
+    parser.add_argument("--sources", action="store_true",
+                        help="also train guided on attnmt's and eflomal's alignments (needs attnmt[align])")
     args = parser.parse_args()
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -80,7 +152,8 @@ def main() -> None:
         ("unguided", plain, "default (every layer and head, mutual argmax)", []),
         ("unguided", plain, "every layer and head, argmax", ["--method", "argmax"]),
         ("unguided", plain, "last layer, mutual", ["--layer", "last"]),
-        ("unguided", plain, "last layer, argmax (attnmt's old default)", ["--layer", "last", "--method", "argmax"]),
+        ("unguided", plain, "last layer, argmax (attnmt's old default)",
+         ["--layer", "last", "--method", "argmax"]),
         ("unguided", plain, "layer 1, mutual", ["--layer", "1"]),
         ("unguided", plain, "Shift-Att rows, every layer, mutual", ["--shift"]),
         ("unguided", plain, "Shift-Att rows, every layer, argmax", ["--shift", "--method", "argmax"]),
@@ -107,8 +180,14 @@ def main() -> None:
     for name, scores in bleu.items():
         print(f"{name}: test BLEU {scores.get('bleu', scores)}")
     print(f"training minutes: {minutes}")
-    (out / "toy_align.json").write_text(json.dumps({"rows": rows, "bleu": bleu, "minutes": minutes}, indent=1),
-                                        encoding="utf-8")
+    found = sources(out, data, plain, None if args.no_reverse else reverse) if args.sources else []
+    if found:
+        print("\n| guided on | its train AER | guided test AER |\n| --- | --- | --- |")
+        for r in found:
+            train_aer = f"{100 * r['train_aer']:.2f}%" if "train_aer" in r else "-"
+            print(f"| {r['source']} | {train_aer} | {100 * r['test_aer']:.2f}% |")
+    (out / "toy_align.json").write_text(json.dumps({"rows": rows, "bleu": bleu, "minutes": minutes,
+                                                    "sources": found}, indent=1), encoding="utf-8")
 
 
 if __name__ == "__main__":

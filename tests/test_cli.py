@@ -51,7 +51,7 @@ def test_prepare_writes_a_complete_run_folder(toy_run):
     assert tokenizer.joint and tokenizer.src_vocab_size == TOY_VOCAB
     for split, rows in TOY_SIZES.items():
         data = datasets.load_from_disk(str(run_dir / "data" / split))
-        assert set(data.column_names) == {"src", "tgt", "src_ids", "tgt_ids", "alignment"}
+        assert set(data.column_names) == {"src", "tgt", "src_ids", "tgt_ids", "line", "alignment"}
         assert data.num_rows == rows
         head = data.select(range(5)).to_dict()
         assert head["src_ids"] == tokenizer.encode_src(head["src"])
