@@ -603,3 +603,21 @@ def test_info_rejects_heads_that_do_not_divide_d_model(tmp_path):
     assert result.exit_code == 2
     assert re.search(r"^error: .*divisible", result.stderr, re.M), result.stderr
     assert "total" not in result.stdout
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_align_layer_gives_that_layers_cross_attention_in_the_graph(name):
+    """Guided alignment training reads one layer's cross-attention with gradients: ``align_layer`` k gives
+    exactly what ``need_attention`` gives for layer k, the logits are unchanged, and nothing else."""
+    cfg = CONFIGS[name]
+    model = make_model(cfg)
+    batch = batch_of()
+    with torch.no_grad():
+        full = model(batch, need_attention=True)
+    layers = len(full.attention["cross"])
+    for k in range(layers):
+        out = model(batch, align_layer=k)
+        assert out.attention is None and out.alignment.requires_grad
+        assert_close(out.alignment.detach(), full.attention["cross"][k], atol=1e-6)
+        assert_close(out.logits.detach(), full.logits, atol=1e-6)
+    assert model(batch).alignment is None
