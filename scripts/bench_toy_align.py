@@ -128,6 +128,14 @@ def sources(out: Path, data: Path, plain: Path, reverse: Path | None) -> list[di
     return rows
 
 
+def print_sources(found: list[dict]) -> None:
+    if found:
+        print("\n| guided on | its train AER | guided test AER |\n| --- | --- | --- |")
+        for r in found:
+            train_aer = f"{100 * r['train_aer']:.2f}%" if "train_aer" in r else "-"
+            print(f"| {r['source']} | {train_aer} | {100 * r['test_aer']:.2f}% |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -135,10 +143,16 @@ def main() -> None:
     parser.add_argument("--no-reverse", action="store_true", help="skip the German-to-English model")
     parser.add_argument("--sources", action="store_true",
                         help="also train guided on attnmt's and eflomal's alignments (needs attnmt[align])")
+    parser.add_argument("--sources-only", action="store_true",
+                        help="only the --sources stage, on the runs already in --out")
     args = parser.parse_args()
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     data = out / "toy"
+    if args.sources_only:
+        found = sources(out, data, plain, None if args.no_reverse else reverse)
+        print_sources(found)
+        return
     if not (data / "test.align").exists():
         # The same generator and seed as the recipes' toy splits: train 10,000, dev 300, test 300.
         run("toy-data", data, "--train-size", 10000, "--dev-size", 300, "--test-size", 300)
@@ -157,7 +171,7 @@ def main() -> None:
         ("unguided", plain, "layer 1, mutual", ["--layer", "1"]),
         ("unguided", plain, "Shift-Att rows, every layer, mutual", ["--shift"]),
         ("unguided", plain, "Shift-Att rows, every layer, argmax", ["--shift", "--method", "argmax"]),
-        ("guided", guided, "default (the taught layer 1, head 1, mutual)", []),
+        ("guided", guided, "default (the taught layer 2, head 1, mutual)", []),
         ("guided", guided, "taught head, argmax", ["--method", "argmax"]),
         ("guided", guided, "every layer and head, mutual", ["--layer", "avg", "--heads", "all"]),
     ]
@@ -178,14 +192,10 @@ def main() -> None:
         print(f"| {r['recipe']} | {r['reading']} | {100 * r['aer']:.2f}% | {100 * r['precision']:.1f}% "
               f"| {100 * r['recall']:.1f}% |")
     for name, scores in bleu.items():
-        print(f"{name}: test BLEU {scores.get('bleu', scores)}")
+        print(f"{name}: test " + ", ".join(f"{m['metric']} {m['score']}" for m in scores))
     print(f"training minutes: {minutes}")
     found = sources(out, data, plain, None if args.no_reverse else reverse) if args.sources else []
-    if found:
-        print("\n| guided on | its train AER | guided test AER |\n| --- | --- | --- |")
-        for r in found:
-            train_aer = f"{100 * r['train_aer']:.2f}%" if "train_aer" in r else "-"
-            print(f"| {r['source']} | {train_aer} | {100 * r['test_aer']:.2f}% |")
+    print_sources(found)
     (out / "toy_align.json").write_text(json.dumps({"rows": rows, "bleu": bleu, "minutes": minutes,
                                                     "sources": found}, indent=1), encoding="utf-8")
 
