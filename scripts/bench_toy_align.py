@@ -149,6 +149,7 @@ def main() -> None:
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     data = out / "toy"
+    plain, guided, reverse = out / "unguided", out / "guided", out / "reverse_de_en"
     if args.sources_only:
         found = sources(out, data, plain, None if args.no_reverse else reverse)
         print_sources(found)
@@ -156,7 +157,6 @@ def main() -> None:
     if not (data / "test.align").exists():
         # The same generator and seed as the recipes' toy splits: train 10,000, dev 300, test 300.
         run("toy-data", data, "--train-size", 10000, "--dev-size", 300, "--test-size", 300)
-    plain, guided, reverse = out / "unguided", out / "guided", out / "reverse_de_en"
     minutes = {"unguided": train(REPO / "configs" / "toy_transformer.yaml", plain),
                "guided": train(REPO / "configs" / "toy_transformer_guided.yaml", guided)}
     if not args.no_reverse:
