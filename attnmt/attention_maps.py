@@ -31,10 +31,11 @@ from .alignment import (
     symmetrize,
 )
 from .batching import collate, token_batches
+from .data import clean
 from .errors import DataError
 from .explorer import ExplorerSentence, write_explorer
 from .translator import Translator, chunks
-from .words import merge, piece_words, word_count, words_to_pieces
+from .words import has_cjk, membership_of, merge, segment, word_count, words_to_pieces
 
 if TYPE_CHECKING:
     from .plot import HeatmapFigure
@@ -177,19 +178,21 @@ class Aligned:
 
 def align_corpus(translator: Translator, sources: Sequence[str], targets: Sequence[str] | None = None,
                  options: AlignOptions = AlignOptions(), gold: Gold | None = None,
-                 reverse: Translator | None = None) -> Aligned:
+                 reverse: Translator | None = None,
+                 reverse_options: AlignOptions | None = None) -> Aligned:
     """Word alignments of sentence pairs from cross-attention under teacher forcing (``options``: the layer
     and heads averaged, the rows, the method; ``alignment.attention_rows``), merged into words
     (``words.merge``). Words are the space-separated tokens of a line (pre-tokenised text, as gold
     standards are), or for unsegmented CJK text its characters (``words.segment``). Without ``targets`` each
     source is aligned with the model's own translation. With ``reverse``, a model trained in the other
-    direction aligns each target with its source too, and the two are symmetrized (``options.symmetrize``).
+    direction aligns each target with its source too (read with ``reverse_options``, default ``options``),
+    and the two are symmetrized (``options.symmetrize``).
     ``gold`` must fit the pairs (checked before any attention is computed)."""
     if targets is None:
         targets = translator.best(sources)
     links = _directional_links(translator, sources, targets, options, gold)
     if reverse is not None:
-        backward = _directional_links(reverse, targets, sources, options, None)
+        backward = _directional_links(reverse, targets, sources, reverse_options or options, None)
         links = [sorted(symmetrize(forward, [(i, j) for j, i in back], options.symmetrize))
                  for forward, back in zip(links, backward)]
     return Aligned(list(targets), links)
@@ -230,6 +233,19 @@ def _directional_links(translator: Translator, sources: Sequence[str], targets: 
 # ------------------------------------------------------------------------------------------ explorer
 
 
+def _page_words(line: str, spec, n_pieces: int) -> tuple[np.ndarray, list[str]]:
+    """The words ``words_to_pieces`` read ``line`` as, for the page: a membership matrix over its pieces
+    and EOS (EOS a word of its own), and the word labels."""
+    labels = [w.text for w in segment(line)] if has_cjk(line) else clean(line).split()
+    words = word_count(spec)
+    matrix = np.zeros((n_pieces + 1, words + 1))
+    matrix[:n_pieces, :words] = spec if isinstance(spec, np.ndarray) else membership_of(spec, n_pieces)
+    matrix[n_pieces, words] = 1.0
+    if len(labels) != words:  # cannot happen for lines words_to_pieces read; labels then by number
+        labels = [str(w + 1) for w in range(words)]
+    return matrix, labels + ["</s>"]
+
+
 @dataclass
 class Explored:
     sentences: int  # pairs on the page
@@ -257,17 +273,15 @@ def explore(translator: Translator, sources: Sequence[str], out: Path,
     for i, pair_maps in zip(pairs, maps):
         src, tgt = tokenizer.src_pieces(src_ids[i]), tokenizer.tgt_pieces(tgt_ids[i])
         links = _links(pair_maps["cross"], src_groups[i], tgt_groups[i], options)
-        # The page counts words by its pieces' marks (words.piece_words); a pair whose words it would count
-        # otherwise (a word that encodes to nothing) is shown without links rather than with wrong ones.
-        fits = (word_count(piece_words(src)[0]) == word_count(src_groups[i])
-                and word_count(piece_words(tgt)[0]) == word_count(tgt_groups[i]))
         sure, possible, aer = None, None, None
-        if gold is not None and fits:
+        if gold is not None:
             sure, possible = gold.sure[i], gold.possible[i]
             aer = alignment_scores([links], [sure], [possible]).aer
+        # The page shows the words align read (pre-segmented CJK: the given words), and EOS as one more.
         page.append(ExplorerSentence(i + 1, src + ["</s>"], tgt + ["</s>"], ["<s>"] + tgt,
-                                     {kind: pair_maps[kind] for kind in kinds}, links if fits else None,
-                                     sure, possible, aer))
+                                     {kind: pair_maps[kind] for kind in kinds}, links, sure, possible, aer,
+                                     _page_words(sources[i], src_groups[i], len(src)),
+                                     _page_words(targets[i], tgt_groups[i], len(tgt))))
     if not page:
         raise DataError("no sentence pairs to draw (every line is empty)")
     return Explored(len(page), write_explorer(out, page, title), list(targets))

@@ -243,8 +243,9 @@ def alignment_targets(links: Sequence[np.ndarray], T: int, S: int) -> torch.Tens
     return target / target.sum(-1, keepdim=True).clamp(min=1.0)
 
 
-def load_split(run: RunDir, name: str) -> EncodedSplit | None:
-    """The encoded split ``name`` of a prepared run folder; None if the config has no such split."""
+def load_split(run: RunDir, name: str, source_text: bool = False) -> EncodedSplit | None:
+    """The encoded split ``name`` of a prepared run folder (with ``source_text``, its source sentences too);
+    None if the config has no such split."""
     import datasets
 
     path = run.split(name)
@@ -257,4 +258,5 @@ def load_split(run: RunDir, name: str) -> EncodedSplit | None:
                         "run attnmt prepare again") from None
     return EncodedSplit(ds["src_ids"], ds["tgt_ids"], ds["tgt"],
                         ds["line"] if "line" in ds.column_names else None,
-                        ds["alignment"] if "alignment" in ds.column_names else None, ds["src"])
+                        ds["alignment"] if "alignment" in ds.column_names else None,
+                        ds["src"] if source_text else None)

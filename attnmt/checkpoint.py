@@ -218,6 +218,11 @@ RESUMABLE = {"max_steps", "max_epochs", "max_minutes", "valid_beam_size", "log_e
              "max_nonfinite", "compile", "device"}
 
 
+# train.* keys added since checkpoints first recorded their dynamics, with the value every earlier run had:
+# a fingerprint leaves such a key out while it has that value, so those runs still resume.
+ADDED_DYNAMICS = {"alignment": None}
+
+
 def canonical_hash(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
 
@@ -225,7 +230,8 @@ def canonical_hash(value: Any) -> str:
 def fingerprint(cfg, world_size: int, tokenizer, data_lengths: list[int]) -> dict[str, Any]:
     """What a checkpoint records to refuse a resume that could not be exact: the model config, the
     training dynamics (``train.*`` except ``RESUMABLE``, and the world size), the tokenizer, the data."""
-    dynamics = {k: v for k, v in cfg.train.model_dump(mode="json").items() if k not in RESUMABLE}
+    dynamics = {k: v for k, v in cfg.train.model_dump(mode="json").items()
+                if k not in RESUMABLE and not (k in ADDED_DYNAMICS and v == ADDED_DYNAMICS[k])}
     dynamics["world_size"] = world_size
     model = cfg.model.model_dump(mode="json")
     return {
@@ -277,7 +283,9 @@ def restore_training(path: Path, payload: dict[str, Any], fingerprint: dict, mod
         raise CheckpointError(f"{path}: tokenizer does not match checkpoint "
                               f"(expected sha256 {old['tokenizer']['src_sha256'][:12]}…)")
     if old["dynamics"] != fingerprint["dynamics"]:
-        changes = diff_dicts(old["dynamics"], fingerprint["dynamics"])
+        changes = diff_dicts(old["dynamics"], fingerprint["dynamics"]) or [
+            f"{k}: {old['dynamics'].get(k, '(not set)')!r} -> {fingerprint['dynamics'].get(k, '(not set)')!r}"
+            for k in sorted(set(old["dynamics"]) ^ set(fingerprint["dynamics"]))]
         raise ConfigError(f"{path}: cannot resume with changed training settings: {'; '.join(changes[:4])}")
     if old["data_sha256"] != fingerprint["data_sha256"]:
         raise DataError(f"{path}: the training data changed since this checkpoint; "

@@ -205,7 +205,7 @@ class GuidedAlignmentConfig(Section):
     layer: PositiveInt | None = None
     """The decoder layer (1-based) whose cross-attention is taught; default: the penultimate one (the only
     one of a one-layer decoder), as Garg et al. chose."""
-    heads: list[PositiveInt] = [1]
+    heads: Annotated[list[PositiveInt], Field(min_length=1)] = [1]
     """The heads (1-based) of that layer that learn the alignment; the others stay free."""
     weight: Annotated[float, Field(strict=True, gt=0.0, allow_inf_nan=False)] = 0.05
     """lambda: the loss is cross-entropy + weight * alignment loss (Garg et al.: 0.05)."""

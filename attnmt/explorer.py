@@ -77,7 +77,10 @@ class ExplorerSentence:
     """One sentence's attention for the page. ``maps[kind]`` holds one (H, rows, cols) array per layer:
     ``cross`` (always present) is (H, len(tgt), len(src)), ``enc_self`` (H, len(src), len(src)) and
     ``dec_self`` (H, len(tgt_in), len(tgt_in)). Links are (source word, target word) in the word indices of
-    ``piece_words(src)`` and ``piece_words(tgt)``; ``possible`` includes ``sure``."""
+    ``piece_words(src)`` and ``piece_words(tgt)``, or of ``src_words`` / ``tgt_words`` when given: (a
+    membership matrix (pieces, words) whose rows sum to 1, the word labels), the words a caller read the
+    pieces as (``attnmt align`` takes pre-segmented CJK text's words as given); ``possible`` includes
+    ``sure``."""
 
     number: int
     src: list[str]
@@ -88,6 +91,8 @@ class ExplorerSentence:
     sure: set[tuple[int, int]] | None = None
     possible: set[tuple[int, int]] | None = None
     aer: float | None = None
+    src_words: tuple[np.ndarray, list[str]] | None = None
+    tgt_words: tuple[np.ndarray, list[str]] | None = None
 
 
 def quantise(weights: np.ndarray) -> np.ndarray:
@@ -96,11 +101,18 @@ def quantise(weights: np.ndarray) -> np.ndarray:
     return np.rint(np.clip(weights, 0.0, 1.0) * LEVELS).astype(np.uint8)
 
 
-def _members(pieces: Sequence[str]) -> dict:
-    """The words of a piece sequence for the page: labels, and for each piece its words with their share
-    (a plain word index when the piece belongs to one word whole, else ``[[word, share], ...]``)."""
-    spec, labels = piece_words(pieces)
-    matrix = spec if isinstance(spec, np.ndarray) else membership_of(spec, len(pieces))  # (P, W)
+def _members(pieces: Sequence[str], given: tuple[np.ndarray, list[str]] | None = None) -> dict:
+    """The words of a piece sequence for the page (``given``, else ``piece_words``'): labels, and for each
+    piece its words with their share (a plain word index when the piece belongs to one word whole, else
+    ``[[word, share], ...]``)."""
+    if given is not None:
+        matrix, labels = np.asarray(given[0], dtype=np.float64), list(given[1])
+        if matrix.shape != (len(pieces), len(labels)):
+            raise ValueError(f"word membership of shape {matrix.shape} for {len(pieces)} pieces and "
+                             f"{len(labels)} words")
+    else:
+        spec, labels = piece_words(pieces)
+        matrix = spec if isinstance(spec, np.ndarray) else membership_of(spec, len(pieces))  # (P, W)
     members: list = []
     for row in matrix:
         (words,) = np.nonzero(row)
@@ -146,7 +158,8 @@ def _payload(sentences: Sequence[ExplorerSentence]) -> tuple[list[dict], bytes]:
                 chunks.append(quantise(layer).tobytes())
             maps[kind] = {"layers": len(layers), "heads": heads, "rows": rows, "cols": cols, "offset": offset}
             offset += len(layers) * heads * rows * cols
-        words = {side: _members(pieces) for side, pieces in sides.items()}
+        given = {"src": s.src_words, "tgt": s.tgt_words, "tgt_in": None}
+        words = {side: _members(pieces, given[side]) for side, pieces in sides.items()}
         n_src, n_tgt = len(words["src"]["labels"]), len(words["tgt"]["labels"])
         for name, links in (("links", s.links), ("sure", s.sure), ("possible", s.possible)):
             outside = sorted((i, j) for i, j in links or () if not (0 <= i < n_src and 0 <= j < n_tgt))

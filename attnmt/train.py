@@ -40,7 +40,7 @@ from .checkpoint import (
 from .config import Config, load_config
 from .data import describe_source
 from .distributed import choose_device, setup_distributed
-from .errors import AttnmtError, CheckpointError, ConfigError, DivergedError, is_out_of_memory
+from .errors import AttnmtError, CheckpointError, ConfigError, DataError, DivergedError, is_out_of_memory
 from .faults import NO_FAULTS, Faults
 from .guided import piece_alignments
 from .keeper import CheckpointKeeper
@@ -140,7 +140,8 @@ class Trainer:
         # parses it.
         found = latest_checkpoint(run)
         self.tokenizer = load_tokenizer(run.tokenizer, recorded_tokenizer(found[1] if found else None))
-        self.train_data, dev_data = load_split(run, "train"), load_split(run, "dev")
+        self.train_data = load_split(run, "train", source_text=self.tc.alignment is not None)
+        dev_data = load_split(run, "dev", source_text=True)
         if self.tc.alignment is not None:
             self.train_data.align = self._guided_alignments()
         self.sampler = TokenBatchSampler(
@@ -172,15 +173,21 @@ class Trainer:
 
     def _guided_alignments(self) -> list:
         """``train.alignment``'s links of every training pair, in pieces, checked against the corpus."""
-        stats = {s["name"]: s for s in json.loads(self.run.stats.read_text(encoding="utf-8"))}
-        read = stats.get("train", {}).get("read", len(self.train_data.src_ids))
-        links = piece_alignments(self.tc.alignment, self.train_data, self.tokenizer, read,
-                                 describe_source(self.cfg.data.train))
-        supervised = sum(1 for x in links if len(x))
-        self.log.show(Message(f"guided alignment: {supervised} of {len(links)} training pairs have links; "
-                              f"decoder layer {self.tc.alignment.layer}, heads {self.tc.alignment.heads}, "
-                              f"weight {self.tc.alignment.weight:g}"))
-        return links
+        try:
+            stats = {s["name"]: s for s in json.loads(self.run.stats.read_text(encoding="utf-8"))}
+            read = int(stats["train"]["read"])
+        except (OSError, ValueError, KeyError, TypeError):
+            raise DataError(f"{self.run.stats}: unreadable, or it lacks the training corpus's line count; "
+                            "run attnmt prepare again") from None
+        guided = piece_alignments(self.tc.alignment, self.train_data, self.tokenizer, read,
+                                  describe_source(self.cfg.data.train))
+        supervised = sum(1 for x in guided.links if len(x))
+        skipped = (f"; {guided.skipped} left out (their pieces make other words than their spaces: "
+                   f"first at line {guided.first_skipped})" if guided.skipped else "")
+        self.log.show(Message(f"guided alignment: {supervised} of {len(guided.links)} training pairs have "
+                              f"links{skipped}; decoder layer {self.tc.alignment.layer}, heads "
+                              f"{self.tc.alignment.heads}, weight {self.tc.alignment.weight:g}"))
+        return guided.links
 
     def _prepare_data(self) -> None:
         """Run ``prepare`` unless the run folder holds data prepared with this config's data and tokenizer

@@ -83,10 +83,14 @@ class Validator:
         segmented words; the model reads unsegmented text)."""
         if self.dev.gold is None or self.dev.src_text is None or is_cjk_language(self.cfg.data.tgt_lang):
             return None
-        from .attention_maps import default_align_options, dev_aer
+        try:
+            from .attention_maps import default_align_options, dev_aer
 
-        return dev_aer(translator, self.dev.src_text, self.dev.tgt_text, self.dev.gold,
-                       default_align_options(self.cfg))
+            return dev_aer(translator, self.dev.src_text, self.dev.tgt_text, self.dev.gold,
+                           default_align_options(self.cfg))
+        except Exception as e:  # a side show, as the heatmaps are: training goes on
+            log.warning("could not score the dev alignments: %s: %s", type(e).__name__, e)
+            return None
 
     def plot(self, model: torch.nn.Module, step: int, out_dir: Path) -> None:
         """Heatmaps of the cross-attention on the first dev sentences and their translations, into

@@ -213,3 +213,26 @@ def test_save_writes_file_and_pointer_atomically(run_copy):
     assert not [p for p in os.listdir(run_copy.checkpoints) if ".tmp-" in p]
     assert (load_checkpoint(run_copy.checkpoints / step_file(31), pointer["sha256"])["progress"]
             == payload["progress"])
+
+
+def test_a_setting_added_later_stays_out_of_the_fingerprint_at_its_old_value():
+    """Checkpoints written before train.alignment existed have no such key in their dynamics; a run that
+    leaves it unset must still resume from them, and one that sets it must not."""
+    from helpers import write_tiny_config
+
+    from attnmt.checkpoint import ADDED_DYNAMICS, fingerprint
+    from attnmt.config import load_config
+
+    class Tokenizer:
+        def fingerprint(self):
+            return {"src_sha256": "0"}
+
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        config = write_tiny_config(Path(tmp) / "tiny.yaml")
+        plain = fingerprint(load_config(config), 1, Tokenizer(), [3, 4])
+        guided = fingerprint(load_config(config, ["train.alignment.weight=0.1"]), 1, Tokenizer(), [3, 4])
+    assert "alignment" in ADDED_DYNAMICS and "alignment" not in plain["dynamics"]
+    assert guided["dynamics"]["alignment"]["weight"] == 0.1

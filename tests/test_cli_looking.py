@@ -63,8 +63,18 @@ def toy(tmp_path_factory):
         assert result.exit_code == 0, result.output
         runs[arch] = run
     data = root / "toy"
-    assert invoke("toy-data", data, "--train-size", 1, "--dev-size", 1,
+    assert invoke("toy-data", data, "--train-size", 2000, "--dev-size", 20,
                   "--test-size", TOY_TEST).exit_code == 0
+    # The LSTM the other way, German to English, on the same pairs as files (for align --reverse).
+    reverse = {**BASE, "model": MODELS["lstm"],
+               "data": {"src_lang": "de", "tgt_lang": "en",
+                        "train": {"src": str(data / "train.de"), "tgt": str(data / "train.en")},
+                        "dev": {"src": str(data / "dev.de"), "tgt": str(data / "dev.en")}}}
+    config = root / "reverse.yaml"
+    config.write_text(json.dumps(reverse), encoding="utf-8")
+    result = invoke("train", config, "--run-dir", root / "reverse")
+    assert result.exit_code == 0, result.output
+    runs["reverse"] = root / "reverse"
     return runs, {suffix: data / f"test.{suffix}" for suffix in ("en", "de", "align")}
 
 
@@ -211,9 +221,9 @@ def test_align_heads_shift_and_reverse_symmetrization(toy, tmp_path):
     plain = links("--method", "argmax")
     assert len(one) == len(other) == len(shifted) == TOY_TEST
     assert one != other and shifted != plain
-    # Symmetrized with a reverse model (here the LSTM read backwards, German to English; the toy tokenizer
-    # is joint): the intersection lies inside the forward links and the union holds them.
-    backward = ["--reverse", runs["lstm"], "--method", "argmax"]
+    # Symmetrized with a reverse model (an LSTM trained German to English): the intersection lies inside
+    # the forward links and the union holds them.
+    backward = ["--reverse", runs["reverse"], "--method", "argmax"]
     inter = links(*backward, "--symmetrize", "intersection")
     union = links(*backward, "--symmetrize", "union")
     grown = links(*backward)  # grow-diag-final-and
@@ -275,6 +285,8 @@ def test_plot_html_writes_one_explorer_of_every_sentence_with_the_alignment_alig
         ("heads_zero", 2, "heads count from 1"),
         ("reverse_missing", 4, "nope.pt"),
         ("reverse_layer_too_deep", 2, "the --reverse model has 1"),
+        ("reverse_same_direction", 2, "it translates en->de, but the reverse of"),
+        ("symmetrize_without_reverse", 2, "--symmetrize combines two directions"),
         ("corrupt_checkpoint", 4, "corrupt or unsafe checkpoint"),
         ("plot_format", 2, "--format"),
         ("plot_self_lstm", 2, "no self-attention"),
@@ -285,6 +297,7 @@ def test_plot_html_writes_one_explorer_of_every_sentence_with_the_alignment_alig
         ("plot_tgt_without_html", 2, "--tgt is read with --html only"),
         ("plot_html_short_tgt", 3, "has 99 lines, but there are 100 sources"),
         ("plot_html_bad_gold", 3, "malformed alignment link"),
+        ("plot_html_layer", 2, "--layer: the --html page holds every layer"),
     ],
 )
 def test_bad_inputs_exit_with_one_error_line(toy, tmp_path, case, code, needle):
@@ -308,7 +321,9 @@ def test_bad_inputs_exit_with_one_error_line(toy, tmp_path, case, code, needle):
         "heads_zero": ["align", runs["transformer"], "--src", en, "--heads", "0"],
         "reverse_missing": ["align", lstm, "--src", en, "--tgt", de, "--reverse", tmp_path / "nope.pt"],
         "reverse_layer_too_deep": ["align", runs["transformer"], "--src", en, "--tgt", de, "--layer", 2,
-                                   "--reverse", lstm],
+                                   "--reverse", runs["reverse"]],
+        "reverse_same_direction": ["align", runs["transformer"], "--src", en, "--tgt", de, "--reverse", lstm],
+        "symmetrize_without_reverse": ["align", lstm, "--src", en, "--tgt", de, "--symmetrize", "union"],
         "plot_format": ["plot", lstm, "may 1st 2001", "--out", tmp_path / "maps", "--format", "gif"],
         "plot_self_lstm": ["plot", lstm, "may 1st 2001", "--out", tmp_path / "maps", "--self"],
         "curves_without_metrics": ["plot-curves", tmp_path],
@@ -320,6 +335,7 @@ def test_bad_inputs_exit_with_one_error_line(toy, tmp_path, case, code, needle):
         "plot_tgt_without_html": ["plot", lstm, "--input", en, "--tgt", de, "--out", tmp_path / "maps"],
         "plot_html_short_tgt": ["plot", lstm, "--input", en, "--tgt", short, "--html",
                                 tmp_path / "maps.html"],
+        "plot_html_layer": ["plot", lstm, "may 1st 2001", "--layer", 1, "--html", tmp_path / "maps.html"],
         "plot_html_bad_gold": ["plot", lstm, "--input", en, "--tgt", de, "--gold", gold, "--html",
                                tmp_path / "maps.html"],
     }[case]

@@ -171,6 +171,22 @@ def test_the_word_merge_of_the_page_is_words_merge(pieces):
         assert entry["words"]["tgt"]["members"][0] == [[0, 0.5], [1, 0.5]]
 
 
+def test_given_words_replace_the_pieces_words():
+    """A caller's words (align takes pre-segmented CJK words as given: 一个 男人 as two words, where the
+    pieces alone would give characters) are the page's words, and links count in them."""
+    rng = np.random.default_rng(4)
+    s = sentence(rng, 1, GERMAN, CHINESE)
+    # 一个 | 男人 | 骑 | 自行车 | 。 | </s>: the pieces are "▁一个" "男人" "骑" "自行车" "。" "</s>".
+    s.tgt_words = (np.eye(6), ["一个", "男人", "骑", "自行车", "。", EOS])
+    s.links = [(0, 0), (1, 1), (3, 3)]
+    entry = read_page(explorer_html([s]))[0]["sentences"][0]
+    assert entry["words"]["tgt"]["labels"] == ["一个", "男人", "骑", "自行车", "。", EOS]
+    assert entry["words"]["tgt"]["members"] == [0, 1, 2, 3, 4, 5] and entry["links"] == [[0, 0], [1, 1], [3, 3]]
+    s.tgt_words = (np.eye(5), ["a", "b", "c", "d", "e"])
+    with pytest.raises(ValueError, match="word membership of shape"):
+        explorer_html([s])
+
+
 def test_nothing_is_loaded_from_anywhere(sentences):
     page = explorer_html(sentences)
     urls = set(re.findall(r"[a-z][a-z0-9+.-]*://[^\s\"'<>)]*", page, re.I))

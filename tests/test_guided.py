@@ -45,7 +45,7 @@ def test_word_links_become_every_pair_of_their_pieces():
     split = EncodedSplit([[0, 1, 2]], [[3, 4, 5, 6]], ["das fahrrad !"], lines=[1], gold=None)
     guided = GuidedAlignmentConfig(path=None)
     split.gold = ["0-0 1-1 1?2"]  # the toy's own alignments, when path is None (possible links not taught)
-    (links,) = piece_alignments(guided, split, tok, 1, "toy")
+    (links,) = piece_alignments(guided, split, tok, 1, "toy").links
     # (target piece, source piece): das <- the; fahr, rad <- bi, cycle; "!" unlinked.
     assert links.tolist() == [[0, 0], [1, 1], [1, 2], [2, 1], [2, 2]]
 
@@ -54,7 +54,7 @@ def test_chinese_characters_are_words_and_a_two_character_piece_belongs_to_both(
     tok = _Pieces(["▁猫", "喜欢", "鱼", "▁cats", "▁like", "▁fish"])
     # Source 猫喜欢鱼: characters 猫 | 喜 | 欢 | 鱼 are words 0..3; "喜欢" is one piece of words 1 and 2.
     split = EncodedSplit([[0, 1, 2]], [[3, 4, 5]], ["cats like fish"], lines=[1], gold=["0-0 1-1 2-1 3-2"])
-    (links,) = piece_alignments(GuidedAlignmentConfig(), split, tok, 1, "toy")
+    (links,) = piece_alignments(GuidedAlignmentConfig(), split, tok, 1, "toy").links
     assert links.tolist() == [[0, 0], [1, 1], [2, 2]]
     split.gold = ["4-0"]
     with pytest.raises(DataError, match=r"toy task's alignments:1: link 4-0 is outside the pair \(4 source"):
@@ -68,10 +68,15 @@ def test_an_alignment_file_follows_the_corpus_as_read(tmp_path):
     path.write_text("0-0\n9-9\n0-0 1-1\n", encoding="utf-8")  # line 2's pair was dropped (empty)
     split = EncodedSplit([[0], [0, 1]], [[2], [2, 3]], ["x", "x y"], lines=[1, 3])
     guided = GuidedAlignmentConfig(path=path)
-    first, second = piece_alignments(guided, split, tok, 3, "train.en/train.de")
+    first, second = piece_alignments(guided, split, tok, 3, "train.en/train.de").links
     assert first.tolist() == [[0, 0]] and second.tolist() == [[0, 0], [1, 1]]
     with pytest.raises(DataError, match=r"train.align: 3 lines, but the training corpus \(c\) has 4"):
         piece_alignments(guided, split, tok, 4, "c")
+    # A pair whose pieces make other words than its spaces (here "x y" read as one piece) is left out.
+    split.src_text = ["a", "a b"]
+    split.tgt_text = ["x", "x y z"]
+    found = piece_alignments(guided, split, tok, 3, "c")
+    assert found.links[1].shape == (0, 2) and (found.skipped, found.first_skipped) == (1, 3)
     one_based = GuidedAlignmentConfig(path=path, one_based=True)
     with pytest.raises(DataError, match="index 0, but indices are one-based"):
         piece_alignments(one_based, split, tok, 3, "c")

@@ -89,6 +89,11 @@ def plot(
         raise ConfigError("give --out FOLDER (figures) or --html FILE (one explorer page)")
     if html is None and (tgt is not None or gold is not None):
         raise ConfigError(f"{'--tgt' if tgt is not None else '--gold'} is read with --html only")
+    if html is not None:
+        chosen = [flag for flag, value in (("--layer", layer), ("--head", head), ("--words", words)) if value]
+        if chosen:
+            raise ConfigError(f"{chosen[0]}: the --html page holds every layer and head, pieces and words, "
+                              "and chooses among them itself")
     if gold is not None and tgt is None:
         raise ConfigError("--gold needs --tgt: gold links refer to the target sentences they were made for")
     if out is not None and out.exists() and not out.is_dir():
@@ -190,9 +195,9 @@ def align(
     reverse: Annotated[Path | None, typer.Option("--reverse", help="A model trained in the other direction "
                                                  "(target to source): align both ways and symmetrize.",
                                                  show_default=False)] = None,
-    symmetrize_: Annotated[Symmetrization, typer.Option("--symmetrize", help="With --reverse: how the two "
-                                                        "directions combine (Moses's heuristics).")
-                           ] = "grow-diag-final-and",
+    symmetrize_: Annotated[Symmetrization | None, typer.Option(
+        "--symmetrize", help="With --reverse: how the two directions combine (Moses's heuristics; default "
+        "grow-diag-final-and).", show_default=False)] = None,
     threshold: Annotated[float, typer.Option("--threshold", help="Weight a link needs with --method "
                                              "threshold (0 < X <= 1).")] = 0.3,
     one_based: Annotated[bool, typer.Option("--one-based", help="Word indices in --gold and in the output "
@@ -223,27 +228,41 @@ def align(
         raise ConfigError("--gold needs --tgt: gold links refer to the target sentences they were made for")
     if hyp_out is not None and tgt is not None:
         raise ConfigError("--hyp-out writes the model's own translations; it cannot be used with --tgt")
+    if symmetrize_ is not None and reverse is None:
+        raise ConfigError("--symmetrize combines two directions: it needs --reverse MODEL")
+    symmetrization = (symmetrize_ or Symmetrization.grow_diag_final_and).value
     for flag, path in (("--output", output), ("--hyp-out", hyp_out)):
         refuse_overwrite(flag, path, [src, tgt, gold, model, reverse])
     sources, targets = read_pairs(src, tgt)
     gold_links = read_gold(gold, len(sources), src, one_based) if gold is not None else None
     translator, cfg, _ = open_translator(model, device, beam_size)
     n_layers, n_heads = attention_layout(cfg.model)
-    layer, heads = layer_and_heads(cfg, layer, heads)
+    given_layer, given_heads = layer, heads
+    layer, heads = layer_and_heads(cfg, given_layer, given_heads)
     layer.check(n_layers["cross"])
     heads.check(n_heads)
-    back = None
+    options = AlignOptions(layer.index, heads.indices, shift, method.value, threshold, symmetrization)
+    back, back_options = None, None
     if reverse is not None:
         back, back_cfg, _ = open_translator(reverse, device, beam_size)
-        back_layers, back_heads = attention_layout(back_cfg.model)
-        layer.check(back_layers["cross"], "--reverse ")
-        heads.check(back_heads, "--reverse ")
-    options = AlignOptions(layer.index, heads.indices, shift, method.value, threshold, symmetrize_.value)
+        forward_pair, backward_pair = (cfg.data.src_lang, cfg.data.tgt_lang), (back_cfg.data.src_lang,
+                                                                              back_cfg.data.tgt_lang)
+        if backward_pair != forward_pair[::-1]:
+            raise ConfigError(f"--reverse {reverse}: it translates {'->'.join(backward_pair)}, but the "
+                              f"reverse of {model} ({'->'.join(forward_pair)}) is "
+                              f"{'->'.join(forward_pair[::-1])}")
+        # Each model is read with its own defaults (a guided model at the head it was taught).
+        back_layer, back_heads = layer_and_heads(back_cfg, given_layer, given_heads)
+        back_n_layers, back_n_heads = attention_layout(back_cfg.model)
+        back_layer.check(back_n_layers["cross"], "--reverse ")
+        back_heads.check(back_n_heads, "--reverse ")
+        back_options = AlignOptions(back_layer.index, back_heads.indices, shift, method.value, threshold,
+                                    symmetrization)
     if targets is None:  # the model's own translations, kept (--hyp-out) before the alignment's work
         targets = translator.best(sources)
         if hyp_out is not None:
             atomic_write_text(hyp_out, "".join(t + "\n" for t in targets))
-    aligned = align_corpus(translator, sources, targets, options, gold_links, back)
+    aligned = align_corpus(translator, sources, targets, options, gold_links, back, back_options)
     text = "".join(format_pharaoh(links, one_based) + "\n" for links in aligned.links)
     if output is not None or gold is None:
         write_output(output, text)
@@ -253,10 +272,10 @@ def align(
     if json_:
         typer.echo(json.dumps({**score.as_dict(), "layer": layer.text, "heads": heads.text, "shift": shift,
                                "method": method.value,
-                               "symmetrize": symmetrize_.value if reverse is not None else None}))
+                               "symmetrize": symmetrization if reverse is not None else None}))
     else:
         how = (f"layer {layer.text}, heads {heads.text}, {method.value}" + (", shifted" if shift else "")
-               + (f", {symmetrize_.value} with {reverse}" if reverse is not None else ""))
+               + (f", {symmetrization} with {reverse}" if reverse is not None else ""))
         print_alignment_score(score, f"alignment of {src} ({how})")
 
 
