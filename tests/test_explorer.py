@@ -181,7 +181,8 @@ def test_given_words_replace_the_pieces_words():
     s.links = [(0, 0), (1, 1), (3, 3)]
     entry = read_page(explorer_html([s]))[0]["sentences"][0]
     assert entry["words"]["tgt"]["labels"] == ["一个", "男人", "骑", "自行车", "。", EOS]
-    assert entry["words"]["tgt"]["members"] == [0, 1, 2, 3, 4, 5] and entry["links"] == [[0, 0], [1, 1], [3, 3]]
+    assert entry["words"]["tgt"]["members"] == [0, 1, 2, 3, 4, 5]
+    assert entry["links"] == [[0, 0], [1, 1], [3, 3]]
     s.tgt_words = (np.eye(5), ["a", "b", "c", "d", "e"])
     with pytest.raises(ValueError, match="word membership of shape"):
         explorer_html([s])
