@@ -213,8 +213,11 @@ def align(
     """Word alignments from cross-attention under teacher forcing, in Pharaoh format (one line per pair).
 
     Words are the space-separated tokens of each line; the attention over a word's pieces is merged
-    (source pieces summed, target pieces averaged). With --gold, print AER, precision and recall
-    (Och & Ney 2003); the alignments are then written only with --output.
+    (source pieces summed, target pieces averaged). By default every layer and head is averaged (the
+    EOS column masked) and a link is kept where it is the argmax in both directions (--method mutual).
+    With --reverse MODEL, a model trained the other way aligns too and --symmetrize combines the two.
+    With --gold, print AER, precision and recall (Och & Ney 2003); the alignments are then written
+    only with --output.
     """
     from ..alignment import AlignOptions, alignment_scores, format_pharaoh, read_gold
     from ..attention_maps import align_corpus
