@@ -45,6 +45,9 @@ class AlignOptions:
     method: str = "mutual"
     threshold: float = 0.3
     symmetrize: str = "grow-diag-final-and"
+    words: str = "merged"
+    """``merged``: attention merged into words, then links extracted; ``any``: links extracted between
+    pieces, and two words linked if any of their pieces are (``words_from_piece_links``)."""
 
 
 def attention_rows(cross: Sequence[np.ndarray], layer: int | None = None, heads: Sequence[int] | None = None,
@@ -90,6 +93,21 @@ def extract_alignment(matrix: np.ndarray, method: str = "mutual", threshold: flo
     else:
         raise ValueError(f"unknown alignment method {method!r}; expected one of {', '.join(METHODS)}")
     return sorted(links)
+
+
+WORD_RULES = ("merged", "any")
+
+
+def words_from_piece_links(links: Iterable[Link], src_words: np.ndarray, tgt_words: np.ndarray) -> list[Link]:
+    """Word links from piece links (source piece, target piece): two words are linked if any of their
+    pieces are. ``src_words`` and ``tgt_words`` are membership matrices (pieces, words); a piece that
+    belongs to several words (a CJK piece of two characters) links each of them."""
+    out = set()
+    for p, q in links:
+        for i in np.flatnonzero(src_words[p]):
+            for j in np.flatnonzero(tgt_words[q]):
+                out.add((int(i), int(j)))
+    return sorted(out)
 
 
 # ---------------------------------------------------------------------------------------- Pharaoh

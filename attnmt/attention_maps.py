@@ -29,6 +29,7 @@ from .alignment import (
     extract_alignment,
     parse_pharaoh,
     symmetrize,
+    words_from_piece_links,
 )
 from .batching import collate, token_batches
 from .data import clean
@@ -213,8 +214,16 @@ def _word_pieces(translator: Translator, sources: Sequence[str], targets: Sequen
 
 def _links(cross: list[np.ndarray], src_groups, tgt_groups, options: AlignOptions) -> list[Link]:
     matrix = attention_rows(cross, options.layer, options.heads, options.shift)  # (T, S)
+    if options.words == "any":  # links between pieces; words linked if any of their pieces are
+        pieces = extract_alignment(matrix, options.method, options.threshold)
+        return words_from_piece_links(pieces, _membership(src_groups, matrix.shape[1]),
+                                      _membership(tgt_groups, matrix.shape[0]))
     words = merge(matrix, tgt_groups, src_groups)  # (target words, source words)
     return extract_alignment(words, options.method, options.threshold)
+
+
+def _membership(spec, n_pieces: int) -> np.ndarray:
+    return spec if isinstance(spec, np.ndarray) else membership_of(spec, n_pieces)
 
 
 def _directional_links(translator: Translator, sources: Sequence[str], targets: Sequence[str],

@@ -165,6 +165,7 @@ def main() -> None:
     readings = [
         ("unguided", plain, "default (every layer and head, mutual argmax)", []),
         ("unguided", plain, "every layer and head, argmax", ["--method", "argmax"]),
+        ("unguided", plain, "pieces linked, words by any piece, mutual", ["--words", "any"]),
         ("unguided", plain, "last layer, mutual", ["--layer", "last"]),
         ("unguided", plain, "last layer, argmax (attnmt's old default)",
          ["--layer", "last", "--method", "argmax"]),

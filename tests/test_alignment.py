@@ -85,6 +85,19 @@ def test_shift_finds_the_alignment_a_model_shows_one_step_late():
     assert alignment.extract_alignment(unshifted, "argmax") != [(0, 2), (1, 1), (2, 0)]
 
 
+def test_two_words_are_linked_if_any_of_their_pieces_are():
+    from attnmt.words import membership_of
+
+    # Source words: "Fahr rad" (pieces 0, 1) | "." (2); target: "bi cycle" (0, 1) | "." (2).
+    src, tgt = membership_of([[0, 1], [2]], 3), membership_of([[0, 1], [2]], 3)
+    assert alignment.words_from_piece_links([(1, 0), (0, 1), (2, 2)], src, tgt) == [(0, 0), (1, 1)]
+    assert alignment.words_from_piece_links([(1, 2)], src, tgt) == [(0, 1)]  # one piece pair is enough
+    # A CJK piece of two characters belongs to both of its character words: it links each of them.
+    cjk = np.array([[1.0, 0.0, 0.0], [0.0, 0.5, 0.5]])  # pieces "猫" | "喜欢" over words 猫 喜 欢
+    assert alignment.words_from_piece_links([(1, 0)], cjk, tgt) == [(1, 0), (2, 0)]
+    assert alignment.words_from_piece_links([], src, tgt) == []
+
+
 def test_pharaoh_reading_sure_possible_and_one_based():
     sure, possible = alignment.parse_pharaoh("0-1 2?3 4p5")
     assert sure == {(0, 1)} and possible == {(0, 1), (2, 3), (4, 5)}

@@ -221,6 +221,12 @@ def test_align_heads_shift_and_reverse_symmetrization(toy, tmp_path):
     plain = links("--method", "argmax")
     assert len(one) == len(other) == len(shifted) == TOY_TEST
     assert one != other and shifted != plain
+    # Links between pieces, words linked if any of their pieces are: each word link has a piece link, so
+    # with argmax every target word keeps at least one link.
+    by_pieces = links("--words", "any", "--method", "argmax")
+    targets = [len(line.split()) for line in lines(files["de"])]
+    assert all({j for _, j in w} == set(range(n)) for w, n in zip(by_pieces, targets))
+    assert by_pieces != plain
     # Symmetrized with a reverse model (an LSTM trained German to English): the intersection lies inside
     # the forward links and the union holds them.
     backward = ["--reverse", runs["reverse"], "--method", "argmax"]

@@ -25,6 +25,7 @@ from .options import (
     Layer,
     ModelArg,
     Symmetrization,
+    WordRule,
 )
 
 
@@ -198,6 +199,9 @@ def align(
     symmetrize_: Annotated[Symmetrization | None, typer.Option(
         "--symmetrize", help="With --reverse: how the two directions combine (Moses's heuristics; default "
         "grow-diag-final-and).", show_default=False)] = None,
+    word_rule: Annotated[WordRule, typer.Option("--words", help="merged: attention merged into words, then "
+                                                "linked; any: pieces linked, two words linked if any of "
+                                                "their pieces are.")] = "merged",
     threshold: Annotated[float, typer.Option("--threshold", help="Weight a link needs with --method "
                                              "threshold (0 < X <= 1).")] = 0.3,
     one_based: Annotated[bool, typer.Option("--one-based", help="Word indices in --gold and in the output "
@@ -244,7 +248,8 @@ def align(
     layer, heads = layer_and_heads(cfg, given_layer, given_heads)
     layer.check(n_layers["cross"])
     heads.check(n_heads)
-    options = AlignOptions(layer.index, heads.indices, shift, method.value, threshold, symmetrization)
+    options = AlignOptions(layer.index, heads.indices, shift, method.value, threshold, symmetrization,
+                           word_rule.value)
     back, back_options = None, None
     if reverse is not None:
         back, back_cfg, _ = open_translator(reverse, device, beam_size)
@@ -260,7 +265,7 @@ def align(
         back_layer.check(back_n_layers["cross"], "--reverse ")
         back_heads.check(back_n_heads, "--reverse ")
         back_options = AlignOptions(back_layer.index, back_heads.indices, shift, method.value, threshold,
-                                    symmetrization)
+                                    symmetrization, word_rule.value)
     if targets is None:  # the model's own translations, kept (--hyp-out) before the alignment's work
         targets = translator.best(sources)
         if hyp_out is not None:
@@ -274,7 +279,7 @@ def align(
     score = alignment_scores(aligned.links, gold_links.sure, gold_links.possible)
     if json_:
         typer.echo(json.dumps({**score.as_dict(), "layer": layer.text, "heads": heads.text, "shift": shift,
-                               "method": method.value,
+                               "method": method.value, "words": word_rule.value,
                                "symmetrize": symmetrization if reverse is not None else None}))
     else:
         how = (f"layer {layer.text}, heads {heads.text}, {method.value}" + (", shifted" if shift else "")

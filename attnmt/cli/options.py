@@ -16,7 +16,8 @@ import typer
 from ..choices import METRICS, Device
 from ..errors import ConfigError
 
-__all__ = ["AlignMethod", "Device", "FigureFormat", "Heads", "Layer", "Metrics", "Symmetrization"]
+__all__ = ["AlignMethod", "Device", "FigureFormat", "Heads", "Layer", "Metrics", "Symmetrization",
+           "WordRule"]
 
 
 class AlignMethod(str, Enum):
@@ -26,6 +27,14 @@ class AlignMethod(str, Enum):
     mutual = "mutual"
     argmax = "argmax"
     threshold = "threshold"
+
+
+class WordRule(str, Enum):
+    """``align --words``: attention merged into words before linking, or links between pieces, two words
+    linked if any of their pieces are."""
+
+    merged = "merged"
+    any = "any"
 
 
 class Symmetrization(str, Enum):
