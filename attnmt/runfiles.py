@@ -21,6 +21,7 @@ import errno
 import fcntl
 import os
 import shutil
+import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,12 +79,37 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def write_through(path: Path, data: bytes) -> None:
+    """Write ``data`` into an existing special file (a device such as ``/dev/stdout``, a named pipe) as it
+    is: such a path cannot be replaced by a file. A full device is a ResourceError."""
+    try:
+        with open(path, "wb", buffering=0) as handle:
+            view = memoryview(data)
+            while view:
+                view = view[handle.write(view):]
+    except OSError as e:
+        raise _resource_error(path, e) from None
+
+
 def atomic_write_bytes(path: Path, data: bytes, durable: bool = True) -> None:
     """Write ``data`` to ``path`` so that readers see the old file or the whole new one, never a part.
+
+    A symbolic link stays a link: the file it points to is replaced. A path that exists and is not a
+    regular file or a folder (a device such as ``/dev/stdout``, a named pipe) is written straight through
+    (``write_through``), never replaced by a regular file.
 
     ``durable``: fsync the file and its folder, so that the new file survives a power cut too (what a
     checkpoint or a translation needs; a figure that can be drawn again may skip the cost)."""
     path = Path(path)
+    if path.is_symlink():
+        path = Path(os.path.realpath(path))  # the link's final target, replaced in place of the link
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        mode = None  # a new file
+    if mode is not None and not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+        write_through(path, data)
+        return
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)

@@ -107,6 +107,37 @@ def test_output_file_is_written_whole(ckpt, tmp_path):
     assert os.listdir(out.parent) == ["hyp.de"]  # no temporary file left
 
 
+def test_outputs_never_destroy_links_pipes_or_devices(ckpt, tmp_path):
+    """-o through a symbolic link replaces the file it points to and keeps the link; into a named pipe or
+    a device it writes straight through (the path stays what it was); a full device exits 5, one line."""
+    import stat
+    import threading
+
+    expected = "".join(line + "\n" for line in translate(ckpt, *SOURCES))
+    target, link = tmp_path / "real.de", tmp_path / "link.de"
+    target.write_text("old\n", encoding="utf-8")
+    link.symlink_to(target)
+    result = invoke("translate", ckpt, *SOURCES, "-o", link)
+    assert result.exit_code == 0, result.output
+    assert link.is_symlink() and target.read_text(encoding="utf-8") == expected
+    assert sorted(os.listdir(tmp_path)) == ["link.de", "real.de"]
+
+    fifo = tmp_path / "pipe.de"
+    os.mkfifo(fifo)
+    received = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_text(encoding="utf-8")))
+    reader.start()
+    result = invoke("translate", ckpt, *SOURCES, "-o", fifo)
+    reader.join(timeout=60)
+    assert result.exit_code == 0, result.output
+    assert received == [expected] and stat.S_ISFIFO(os.stat(fifo).st_mode)
+
+    result = invoke("translate", ckpt, *SOURCES, "-o", "/dev/full")
+    assert result.exit_code == 5, result.output
+    assert assert_one_error_line(result.stderr) == "error: /dev/full: cannot write: no space left on device"
+    assert stat.S_ISCHR(os.stat("/dev/full").st_mode)
+
+
 @pytest.mark.parametrize("existing", [None, b"old translations\n"])
 def test_invalid_utf8_leaves_no_partial_output(ckpt, tmp_path, existing):
     source, out = tmp_path / "in.en", tmp_path / "hyp.de"
