@@ -11,8 +11,10 @@ source pieces x K rows), one choice between greedy and beam search.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from queue import Empty, Full, Queue
 
 import torch
 
@@ -117,14 +119,70 @@ class Translator:
         return out
 
     def translate_stream(self, lines: Iterable[str], chunk_lines: int = 1000) -> Iterator[list[Translation]]:
-        """``translate`` over a stream, ``chunk_lines`` lines at a time: the translations of each chunk, in
-        order, as soon as that chunk is done (so a long file needs memory for one chunk only)."""
-        for chunk in chunks(lines, chunk_lines):
+        """``translate`` over a stream: each chunk is the lines that have arrived (at least one, at most
+        ``chunk_lines``; ``arrived``), and its translations come out, in order, as soon as it is done. A
+        user or a pipe that sends one line and waits gets its answer; a file still goes in full chunks,
+        and needs memory for about two of them."""
+        for chunk in arrived(lines, chunk_lines):
             yield self.translate(chunk)
 
     def best(self, lines: Sequence[str]) -> list[str]:
         """The best translation of each line."""
         return [t.outputs[0][0] for t in self.translate(lines)]
+
+
+_END = object()
+
+
+def arrived(lines: Iterable, size: int) -> Iterator[list]:
+    """Consecutive lists of the items of ``lines`` that have arrived: a reader thread takes them from
+    ``lines`` (say, stdin) into a bounded queue; each list waits for one item, then takes whatever else has
+    arrived, up to ``size``, without waiting. Order is kept; an exception in ``lines`` (a decoding error)
+    is raised here, after the items before it."""
+    queue: Queue = Queue(maxsize=2 * size)
+    stop = threading.Event()
+
+    def read() -> None:
+        try:
+            for line in lines:
+                while not stop.is_set():
+                    try:
+                        queue.put(line, timeout=0.1)
+                        break
+                    except Full:
+                        continue
+                if stop.is_set():
+                    return
+            queue.put(_END)
+        except BaseException as e:  # handed to the consumer, which raises it
+            queue.put(e)
+
+    reader = threading.Thread(target=read, name="attnmt-input", daemon=True)
+    reader.start()
+    try:
+        done = False
+        while not done:
+            chunk: list = []
+            item = queue.get()
+            while True:
+                if item is _END:
+                    done = True
+                    break
+                if isinstance(item, BaseException):
+                    if chunk:
+                        yield chunk
+                    raise item
+                chunk.append(item)
+                if len(chunk) == size:
+                    break
+                try:
+                    item = queue.get_nowait()
+                except Empty:
+                    break
+            if chunk:
+                yield chunk
+    finally:
+        stop.set()
 
 
 def chunks(lines: Iterable, size: int) -> Iterator[list]:

@@ -199,6 +199,29 @@ def test_closed_pipe_stops_quietly(ckpt, tmp_path):
     assert result.stdout.count("\n") == 1 and result.stdout.strip()
 
 
+def test_a_pipe_gets_each_answer_before_it_sends_the_next_line(ckpt):
+    """Streaming: a program that writes one line into attnmt's stdin and waits reads its translation
+    while stdin is still open; then a second line; closing stdin ends the run with exit 0."""
+    import select
+
+    process = subprocess.Popen([sys.executable, "-m", "attnmt", "translate", str(ckpt), "--beam-size", "1"],
+                               cwd=REPO, env={**os.environ, **OFFLINE_ENV}, stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
+    try:
+        answers = []
+        for source in SOURCES[:2]:
+            process.stdin.write(source + "\n")
+            process.stdin.flush()
+            ready, _, _ = select.select([process.stdout], [], [], 90)
+            assert ready, "no translation came out while stdin stayed open"
+            answers.append(process.stdout.readline().rstrip("\n"))
+        process.stdin.close()
+        assert process.wait(timeout=60) == 0, process.stderr.read()
+    finally:
+        process.kill()
+    assert answers == translate(ckpt, *SOURCES[:2], "--beam-size", "1")
+
+
 def test_megabyte_line_is_truncated_with_one_warning(ckpt):
     huge = ("monday , 3 june 2001 " * 50_000)[:1_000_000]
     result = invoke("translate", ckpt, "-i", "-", "--beam-size", "1", input=f"{huge}\n{SOURCES[1]}\n")

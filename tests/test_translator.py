@@ -258,7 +258,7 @@ def test_translate_stream_is_translate_chunk_by_chunk(tokenizer, chunk_lines):
     assert_same_translations([t for chunk in streamed for t in chunk], translator.translate(LINES))
 
 
-def test_translate_stream_reads_one_chunk_at_a_time(tokenizer):
+def test_translate_stream_reads_a_bounded_chunk_at_a_time(tokenizer):
     translator = make_translator("lstm", tokenizer, beam_size=1)
     read = []
 
@@ -270,9 +270,11 @@ def test_translate_stream_reads_one_chunk_at_a_time(tokenizer):
     stream = translator.translate_stream(lines(), chunk_lines=3)
     assert read == []  # nothing is read before the first chunk is asked for
     first = next(stream)
-    assert read == LINES[:3] and len(first) == 3
+    # A chunk is what has arrived, at most 3 lines; reading runs ahead by a bounded queue of 2 chunks.
+    assert 1 <= len(first) <= 3 and len(read) <= 3 + 2 * 3 + 1
     rest = list(stream)
-    assert read == LINES and [len(chunk) for chunk in rest] == [3, 2]
+    assert read == LINES and all(1 <= len(chunk) <= 3 for chunk in rest)
+    assert sum(map(len, [first, *rest])) == len(LINES)
 
 
 def test_chunks():
@@ -368,3 +370,36 @@ def test_translator_refuses_settings_no_search_can_run_with(tokenizer):
     decode = DecodeConfig().model_copy(update={"beam_size": 2, "nbest": 3})  # skips the section's check
     with pytest.raises(ValueError, match="nbest must be between 1 and beam_size"):
         Translator(model, tokenizer, decode)
+
+
+def test_arrived_takes_what_has_come_and_keeps_order():
+    import threading
+
+    from attnmt.translator import arrived
+
+    # A file: everything is there, so the chunks are full (after the first, which may be taken early).
+    chunks = list(arrived(iter(range(2500)), 1000))
+    assert [x for c in chunks for x in c] == list(range(2500)) and max(map(len, chunks)) == 1000
+    # A slow source: a chunk does not wait for more than what has arrived.
+    gate = threading.Event()
+
+    def slow():
+        yield "first"
+        gate.wait(10)
+        yield "second"
+
+    stream = arrived(slow(), 1000)
+    assert next(stream) == ["first"]  # returned while "second" is still held back
+    gate.set()
+    assert list(stream) == [["second"]]
+    # An error in the source comes after the items before it.
+
+    def broken():
+        yield "a"
+        raise ValueError("bad byte")
+
+    stream = arrived(broken(), 1000)
+    with pytest.raises(ValueError, match="bad byte"):
+        got = [next(stream)]
+        got += list(stream)
+    assert list(arrived(iter([]), 10)) == []
