@@ -68,6 +68,20 @@ def with_overrides(decode: DecodeConfig, tgt_vocab_size: int, beam_size: int | N
     return decode.model_copy(update=update)
 
 
+@dataclass(frozen=True)
+class Scored:
+    """A given translation's score: the sum of its pieces' log-probabilities (EOS included), how many
+    pieces that is (EOS included), and the sum over the GNMT length penalty, beam search's ranking key."""
+
+    logprob: float
+    tokens: int
+    normalized: float
+
+    @property
+    def per_token(self) -> float:
+        return self.logprob / self.tokens if self.tokens else 0.0
+
+
 class Translator:
     """A model, its tokenizer and its decode settings: ``translate`` lines, ``search`` encoded sources.
 
@@ -129,6 +143,31 @@ class Translator:
     def best(self, lines: Sequence[str]) -> list[str]:
         """The best translation of each line."""
         return [t.outputs[0][0] for t in self.translate(lines)]
+
+    @torch.no_grad()
+    def score(self, sources: Sequence[str], targets: Sequence[str]) -> list[Scored]:
+        """The model's log-probability of each given target under teacher forcing, EOS included, in the
+        model's own distribution (what beam search sums for its hypotheses); sources are cleaned, encoded
+        and cut to ``decode.max_src_len`` as ``translate`` does, targets cleaned and encoded whole."""
+        src_ids = [ids[: self.decode.max_src_len]
+                   for ids in self.tokenizer.encode_src([clean(s) for s in sources])] if sources else []
+        tgt_ids = self.tokenizer.encode_tgt([clean(t) for t in targets]) if targets else []
+        order = sorted(range(len(src_ids)), key=lambda i: (len(src_ids[i]), len(tgt_ids[i])))
+        lengths = [max(len(s), len(t)) + 1 for s, t in zip(src_ids, tgt_ids)]
+        out: list[Scored] = [Scored(0.0, 0, 0.0) for _ in src_ids]
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for chunk in token_batches(lengths, order, self.decode.max_tokens):
+                batch = collate([src_ids[i] for i in chunk], [tgt_ids[i] for i in chunk]).to(self.device)
+                logits = self.model(batch).logits  # (B, T, V)
+                logp = torch.log_softmax(logits.float(), dim=-1).gather(-1, batch.tgt_out[..., None])[..., 0]
+                sums = (logp * batch.tgt_mask).sum(-1).tolist()  # (B,)
+                for i, total, n in zip(chunk, sums, batch.tgt_lengths.tolist()):
+                    out[i] = Scored(total, n, total / gnmt_penalty(n, self.decode.length_penalty))
+        finally:
+            self.model.train(was_training)
+        return out
 
 
 _END = object()

@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 from attnmt.cli import app
 from attnmt.config import load_config
 
-COMMANDS = ["prepare", "train", "translate", "eval", "plot", "align", "average", "info"]
+COMMANDS = ["prepare", "train", "translate", "eval", "score", "plot", "align", "average", "info"]
 def invoke(*args):
     return CliRunner().invoke(app, [str(a) for a in args])
 

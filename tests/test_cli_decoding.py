@@ -412,3 +412,54 @@ def test_average_usage_errors_exit_2(run, tmp_path, case):
     assert result.exit_code == 2
     assert_one_error_line(result.stderr)
     assert hash_tree(tmp_path) == before
+
+
+# ---------------------------------------------------------------------------------------------- score
+
+
+def test_score_equals_what_beam_search_reports_for_its_own_outputs(ckpt, tmp_path):
+    """Teacher-forced scores of the hypotheses beam search found are the scores it reports: the sum of
+    log-probabilities (EOS included), and over the GNMT penalty the n-best score translate prints."""
+    from attnmt.cli.common import open_translator
+    from attnmt.decode import gnmt_penalty
+
+    translator, _, _ = open_translator(ckpt, "cpu", 4, 3)
+    hyps = translator.search(translator.encode(SOURCES).ids)
+    pairs, expected = [], []
+    for source, found in zip(SOURCES, hyps):
+        for h in found:
+            text = translator.tokenizer.decode_tgt([h.tokens])[0]
+            # A barely trained model's text may not encode back to its own pieces ("..." as one piece);
+            # those score other pieces, so only round trips are compared.
+            if translator.tokenizer.encode_tgt([text])[0] == h.tokens:
+                pairs.append((source, text))
+                expected.append(h.score)
+    assert len(pairs) >= len(SOURCES)
+    scored = translator.score([p[0] for p in pairs], [p[1] for p in pairs])
+    for s, total, (_, text) in zip(scored, expected, pairs):
+        assert s.logprob == pytest.approx(total, abs=1e-4)
+        assert s.tokens == len(translator.tokenizer.encode_tgt([text])[0]) + 1
+        assert s.normalized == pytest.approx(total / gnmt_penalty(s.tokens, translator.decode.length_penalty))
+    # The command prints the same, one line per pair in input order: TSV or JSON.
+    src, tgt = tmp_path / "src.en", tmp_path / "hyp.de"
+    src.write_text("".join(p[0] + "\n" for p in pairs), encoding="utf-8")
+    tgt.write_text("".join(p[1] + "\n" for p in pairs), encoding="utf-8")
+    result = invoke("score", ckpt, "--src", src, "--tgt", tgt, "--json")
+    assert result.exit_code == 0, result.output
+    printed = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [p["logprob"] for p in printed] == pytest.approx([s.logprob for s in scored], abs=1e-5)
+    assert all(p["per_token"] == pytest.approx(p["logprob"] / p["tokens"], abs=1e-5) for p in printed)
+    tsv = invoke("score", ckpt, "--src", src, "--tgt", tgt, "--length-penalty", "0")
+    first = tsv.stdout.splitlines()[0].split("\t")
+    assert len(first) == 4 and float(first[3]) == pytest.approx(float(first[0]), abs=1e-6)
+
+
+def test_score_with_a_line_count_mismatch_exits_3(ckpt, tmp_path):
+    src, tgt = tmp_path / "src.en", tmp_path / "hyp.de"
+    src.write_text("a\nb\n", encoding="utf-8")
+    tgt.write_text("x\n", encoding="utf-8")
+    out = tmp_path / "scores.tsv"
+    result = invoke("score", ckpt, "--src", src, "--tgt", tgt, "-o", out)
+    assert result.exit_code == 3
+    assert assert_one_error_line(result.stderr) == f"error: {src} has 2 lines, {tgt} has 1"
+    assert not out.exists()

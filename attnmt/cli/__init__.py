@@ -4,7 +4,7 @@
 family of commands registers its commands on import:
 
 - ``training.py``: prepare, toy-data, train (``reporting.py`` shows them);
-- ``decoding.py``: translate, eval;
+- ``decoding.py``: translate, eval, score;
 - ``looking.py``: plot, align, plot-curves;
 - ``model_tools.py``: average, info.
 

@@ -1,4 +1,4 @@
-"""Commands that decode and score: ``translate`` and ``eval``."""
+"""Commands that decode and score: ``translate``, ``eval`` and ``score``."""
 
 from __future__ import annotations
 
@@ -125,3 +125,43 @@ def eval_(
         from .reporting import print_scores
 
         print_scores(scores)
+
+
+@command()
+def score(
+    model: ModelArg,
+    src: Annotated[Path, typer.Option("--src", help="Source sentences, one per line.", show_default=False)],
+    tgt: Annotated[Path, typer.Option("--tgt", help="The translations to score, one per source line.",
+                                      show_default=False)],
+    output: Annotated[Path | None, typer.Option("--output", "-o",
+                                                help="Write here (atomically) instead of stdout.")] = None,
+    json_: Annotated[bool, typer.Option("--json", help="One JSON object per line instead of TSV.")] = False,
+    max_tokens: MaxTokensOpt = None,
+    length_penalty: LengthPenaltyOpt = None,
+    device: DeviceOpt = "auto",
+) -> None:
+    """The model's log-probability of each given translation, under teacher forcing, in input order.
+
+    One line per pair: the sum of the log-probabilities of its pieces (EOS included), the pieces counted
+    (EOS included), the mean per piece, and the sum over the GNMT length penalty (decode.length_penalty,
+    or --length-penalty): the score beam search ranks by and translate --nbest prints. TSV, or --json.
+    """
+    from ..runfiles import atomic_write_text
+    from .common import read_pairs, write_output
+
+    refuse_overwrite("--output", output, [src, tgt, model])
+    sources, targets = read_pairs(src, tgt)
+    translator, _, checkpoint = open_translator(model, device, None, 1, length_penalty, max_tokens)
+    refuse_overwrite("--output", output, [checkpoint])
+    scored = translator.score(sources, targets)
+    if json_:
+        lines = [json.dumps({"logprob": round(s.logprob, 6), "tokens": s.tokens,
+                             "per_token": round(s.per_token, 6), "normalized": round(s.normalized, 6)})
+                 for s in scored]
+    else:
+        lines = [f"{s.logprob:.6f}\t{s.tokens}\t{s.per_token:.6f}\t{s.normalized:.6f}" for s in scored]
+    text = "".join(line + "\n" for line in lines)
+    if output is not None:
+        atomic_write_text(output, text)
+    else:
+        write_output(None, text)
