@@ -215,7 +215,7 @@ def diff_dicts(old: Any, new: Any, prefix: str = "") -> list[str]:
 # train.* keys that may change when a run resumes: they do not change what the steps compute.
 RESUMABLE = {"max_steps", "max_epochs", "max_minutes", "valid_beam_size", "log_every", "eval_every",
              "save_every", "keep_last", "keep_best", "patience", "plot_every", "tensorboard", "run_dir",
-             "max_nonfinite", "compile", "device"}
+             "max_nonfinite", "compile", "device", "init_from"}
 
 
 # train.* keys added since checkpoints first recorded their dynamics, with the value every earlier run had:

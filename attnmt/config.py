@@ -253,6 +253,10 @@ class TrainConfig(Section):
     tensorboard: Bool = False
     alignment: GuidedAlignmentConfig | None = None
     """Guided alignment training; off unless given."""
+    init_from: Path | None = None
+    """Fine-tuning: start a new run from this checkpoint's (or run folder's) weights, with its tokenizer;
+    the model config must be the same; optimizer and schedule start fresh. Ignored once the run has a
+    checkpoint of its own (a resume continues from that)."""
 
 
 class DecodeConfig(Section):

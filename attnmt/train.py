@@ -17,10 +17,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -48,7 +50,7 @@ from .languages import bleu_tokenizer, missing_extra
 from .models import build_model
 from .optim import Schedule, make_optimizer
 from .prepare import prepare
-from .runfiles import RunDir
+from .runfiles import RunDir, replace_dir
 from .runlog import (
     Finished,
     Message,
@@ -133,6 +135,8 @@ class Trainer:
         run = self.run
         if resume and not any(run.checkpoints.glob("step_*.pt")):
             raise CheckpointError(f"{run.root}: --resume given, but the run folder has no checkpoint")
+        fresh = not any(run.checkpoints.glob("step_*.pt"))
+        self.initial = self._initial_weights() if fresh and self.tc.init_from is not None else None
         if self.dist.main:
             self._prepare_data()
         self.dist.barrier()
@@ -158,6 +162,11 @@ class Trainer:
                                        self.train_data.lengths)
         if found is not None:
             self._restore(*found)
+        elif self.initial is not None:
+            self.model.load_state_dict(self.initial[0], strict=True)
+            self.log.show(Message(f"fine-tuning from {self.initial[1]} (its weights; a fresh optimizer and "
+                                  "schedule)"))
+            self.log.truncate(0)
         else:
             self.log.truncate(0)  # records of a run killed before its first checkpoint
         self.ddp_model = self.model
@@ -170,6 +179,34 @@ class Trainer:
                                             self.device, self.tc, self.train_data, self.faults)
         if self.tc.tensorboard and self.dist.main:
             self.log.tensorboard = open_tensorboard(run)
+
+    def _initial_weights(self) -> tuple[dict, Path]:
+        """``train.init_from``: the checkpoint's weights, after checking that its model config is this
+        run's, and its tokenizer put in the run folder (or checked against the one there)."""
+        from .checkpoint import diff_dicts, load_model
+        from .tokenizer import META_FILE
+
+        model, tokenizer, init_cfg, path = load_model(self.tc.init_from)
+        changes = diff_dicts(init_cfg.model.model_dump(mode="json"), self.cfg.model.model_dump(mode="json"))
+        if changes:
+            raise ConfigError(f"train.init_from {path}: its model config differs from this run's "
+                              f"({'; '.join(changes[:4])}); fine-tuning keeps the architecture")
+        run = self.run
+        if run.tokenizer.exists():
+            here = load_tokenizer(run.tokenizer)
+            if here.fingerprint() != tokenizer.fingerprint():
+                raise ConfigError(f"train.init_from {path}: {run.tokenizer} holds another tokenizer than the "
+                                  "checkpoint's; use another --run-dir")
+        elif self.dist.main:
+            tmp = run.root / f".tokenizer.tmp-{os.getpid()}"
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            for name, data in tokenizer.files().items():
+                (tmp / name).write_bytes(data)
+            settings = self.cfg.tokenizer.model_dump(mode="json")
+            (tmp / META_FILE).write_text(json.dumps(tokenizer.meta(settings), indent=2), encoding="utf-8")
+            replace_dir(tmp, run.tokenizer)
+        return {k: v.detach().clone() for k, v in model.state_dict().items()}, path
 
     def _guided_alignments(self) -> list:
         """``train.alignment``'s links of every training pair, in pieces, checked against the corpus."""

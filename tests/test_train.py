@@ -436,3 +436,42 @@ def test_early_stopping_when_the_metric_cannot_improve(tiny, tmp_path):
     assert read_records(run)[-1]["step"] == 4
     progress = load_checkpoint(run / "checkpoints" / read_pointer(RunDir(run), "latest")["file"])["progress"]
     assert progress["step"] == 4 and progress["finished"] and progress["evals_without_improvement"] == 1
+
+
+# ------------------------------------------------------------------------------------------- fine-tuning
+
+
+def test_init_from_starts_a_new_run_from_a_checkpoints_weights(tiny, tmp_path):
+    """train.init_from: a new run (its own folder, its data prepared with the checkpoint's tokenizer)
+    starts from the checkpoint's weights with a fresh optimizer and schedule, so its first validation
+    (after one step with a negligible learning rate) scores as the checkpoint did at its own."""
+    reference = tiny.reference()
+    checkpoint = reference / "checkpoints" / step_file(30)
+    ref_valid = [r for r in read_records(reference, "valid") if r["step"] == 30][0]
+    run = tmp_path / "fine"
+    result = invoke_train(tiny.config["transformer"], run, f"train.init_from={checkpoint}", "train.lr=1e-12",
+                          "train.schedule=constant", "train.warmup_steps=0", "train.max_steps=1",
+                          "train.eval_every=1", "train.save_every=1")
+    assert result.exit_code == 0, result.output
+    assert "fine-tuning from" in result.output
+    (valid,) = read_records(run, "valid")
+    assert valid["step"] == 1 and valid["loss"] == pytest.approx(ref_valid["loss"], abs=1e-5)
+    assert valid["bleu"] == pytest.approx(ref_valid["bleu"], abs=1e-6)
+    for name in ("spm.model",):
+        assert (run / "tokenizer" / name).read_bytes() == (reference / "tokenizer" / name).read_bytes()
+    # Running again resumes the new run's own checkpoint; init_from no longer matters.
+    again = invoke_train(tiny.config["transformer"], run, f"train.init_from={checkpoint}", "train.lr=1e-12",
+                         "train.schedule=constant", "train.warmup_steps=0", "train.max_steps=2",
+                         "train.eval_every=1", "train.save_every=1")
+    assert again.exit_code == 0 and "resumed from" in again.output
+
+
+def test_init_from_another_architecture_is_refused_naming_the_keys(tiny, tmp_path):
+    checkpoint = tiny.reference() / "checkpoints" / step_file(30)
+    run = tmp_path / "fine"
+    result = invoke_train(tiny.config["transformer"], run, f"train.init_from={checkpoint}",
+                          "model.d_ff=48")
+    assert result.exit_code == 2, result.output
+    line = assert_one_error_line(result.stderr)
+    assert "its model config differs from this run's" in line and "d_ff" in line
+    assert not list(run.glob("checkpoints/*.pt"))
