@@ -76,8 +76,12 @@ def greedy_search(
     max_len_b: int = 10,
     min_len: int = 0,
     need_attention: bool = False,
+    sampling: Sampling | None = None,
+    generator: torch.Generator | None = None,
 ) -> list[Hypothesis]:
-    """The most probable next piece at every step, for a batch src (B, S)."""
+    """The most probable next piece at every step, for a batch src (B, S); with ``sampling``, a piece
+    drawn from the (tempered, truncated) distribution instead (``sample_tokens``). Scores are the model's
+    own log-probabilities of the pieces taken either way."""
     B = src.size(0)
     if B == 0:
         return []
@@ -94,7 +98,7 @@ def greedy_search(
         logp = _log_probs(logits, t, limits[alive], min_len)  # (b, V)
         if scores is None:
             scores = logp.new_zeros(B)
-        best = logp.argmax(-1)  # (b,)
+        best = logp.argmax(-1) if sampling is None else sample_tokens(logp, sampling, generator)  # (b,)
         scores[alive] += logp.gather(1, best[:, None])[:, 0]
         done = best == EOS_ID
         for row, (i, token) in enumerate(zip(alive.tolist(), best.tolist())):
@@ -113,6 +117,48 @@ def greedy_search(
         Hypothesis(outputs[i], float(scores[i]), torch.stack(attention[i]) if need_attention else None)
         for i in range(B)
     ]
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Random sampling instead of search (back-translation): the distribution divided by ``temperature``,
+    cut to the ``top_k`` most probable pieces (0: all) and to the smallest set whose probability reaches
+    ``top_p`` (nucleus sampling, Holtzman et al. 2020; 1: all), renormalised; ``seed`` makes it repeat."""
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 1
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.temperature) and self.temperature > 0):
+            raise ValueError(f"temperature must be a number > 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0: no cut), got {self.top_k}")
+        if not (0 < self.top_p <= 1):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+def sampling_distribution(logp: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+    """Log-probabilities (N, V) -> the probabilities (N, V) that ``sample_tokens`` draws from."""
+    scaled = logp / sampling.temperature
+    if sampling.top_k and sampling.top_k < scaled.size(-1):
+        kth = scaled.topk(sampling.top_k, dim=-1).values[:, -1:]  # (N, 1)
+        scaled = scaled.masked_fill(scaled < kth, -math.inf)
+    probs = torch.softmax(scaled, dim=-1)
+    if sampling.top_p < 1:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        before = sorted_probs.cumsum(-1) - sorted_probs  # mass of the pieces ranked above each one
+        cut = before >= sampling.top_p  # every piece after the set that reaches top_p; the first is kept
+        sorted_probs = sorted_probs.masked_fill(cut, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def sample_tokens(logp: torch.Tensor, sampling: Sampling, generator: torch.Generator | None) -> torch.Tensor:
+    """One piece per row drawn from ``sampling_distribution`` (N,)."""
+    return torch.multinomial(sampling_distribution(logp, sampling), 1, generator=generator)[:, 0]
 
 
 def check_search_settings(beam_size: int, nbest: int, length_penalty: float, min_len: int) -> None:

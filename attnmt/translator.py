@@ -21,7 +21,7 @@ import torch
 from .batching import collate, token_batches
 from .config import DecodeConfig
 from .data import clean
-from .decode import Hypothesis, beam_search, check_search_settings, gnmt_penalty, greedy_search
+from .decode import Hypothesis, Sampling, beam_search, check_search_settings, gnmt_penalty, greedy_search
 from .errors import ConfigError
 from .models.protocol import TranslationModel
 from .tokenizer import Tokenizer
@@ -87,13 +87,18 @@ class Translator:
 
     ``decode.beam_size`` 1 (and ``nbest`` 1) means greedy search. Batches hold at most
     ``decode.max_tokens`` padded source pieces x beam rows, so memory stays bounded whatever the input.
-    An empty line translates to an empty line.
+    An empty line translates to an empty line. With ``sampling``, each source gets ``decode.nbest``
+    samples (in the order drawn) instead of a search; the draws follow ``sampling.seed``.
     """
 
     def __init__(self, model: TranslationModel, tokenizer: Tokenizer, decode: DecodeConfig,
-                 device: torch.device | str = "cpu") -> None:
-        check_search_settings(decode.beam_size, decode.nbest, decode.length_penalty, decode.min_len)
+                 device: torch.device | str = "cpu", sampling: Sampling | None = None) -> None:
+        check_search_settings(max(decode.beam_size, decode.nbest) if sampling else decode.beam_size,
+                              decode.nbest, decode.length_penalty, decode.min_len)
         self.model, self.tokenizer, self.decode, self.device = model, tokenizer, decode, torch.device(device)
+        self.sampling = sampling
+        self.generator = (torch.Generator(device=self.device).manual_seed(sampling.seed)
+                          if sampling is not None else None)
 
     def encode(self, lines: Sequence[str]) -> Sources:
         """Clean, encode and cut each line; empty lines (after cleaning) are left out and counted."""
@@ -111,6 +116,15 @@ class Translator:
         order = sorted(range(len(src_ids)), key=lambda i: len(src_ids[i]))
         lengths = [len(ids) + 1 for ids in src_ids]  # + EOS
         results: list[list[Hypothesis]] = [[] for _ in src_ids]
+        if self.sampling is not None:
+            n = d.nbest
+            for chunk in token_batches(lengths, order, d.max_tokens, rows_per_example=n):
+                batch = collate([src_ids[i] for i in chunk for _ in range(n)]).to(self.device)
+                found = greedy_search(self.model, batch.src, batch.src_mask, d.max_len_a, d.max_len_b,
+                                      d.min_len, need_attention, self.sampling, self.generator)
+                for k, i in enumerate(chunk):
+                    results[i] = found[k * n:(k + 1) * n]
+            return results
         for chunk in token_batches(lengths, order, d.max_tokens, rows_per_example=d.beam_size):
             batch = collate([src_ids[i] for i in chunk]).to(self.device)
             if d.beam_size == 1 and d.nbest == 1:

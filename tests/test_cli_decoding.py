@@ -463,3 +463,29 @@ def test_score_with_a_line_count_mismatch_exits_3(ckpt, tmp_path):
     assert result.exit_code == 3
     assert assert_one_error_line(result.stderr) == f"error: {src} has 2 lines, {tgt} has 1"
     assert not out.exists()
+
+
+# -------------------------------------------------------------------------------------------- sampling
+
+
+def test_sampling_gives_nbest_samples_per_line_and_repeats_with_its_seed(ckpt):
+    args = ["--sampling", "--nbest", "3", "--temperature", "1.3", "--top-p", "0.95"]
+    first = translate(ckpt, *SOURCES[:2], *args, "--seed", "5")
+    assert first == translate(ckpt, *SOURCES[:2], *args, "--seed", "5")
+    assert first != translate(ckpt, *SOURCES[:2], *args, "--seed", "6")
+    assert [line.split("\t")[0] for line in first] == ["0", "0", "0", "1", "1", "1"]
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--sampling", "--beam-size", "4"], "--sampling draws instead of searching"),
+    (["--sampling", "--top-p", "0"], "--top-p 0.0: expected a value in (0, 1]"),
+    (["--sampling", "--top-p", "1.5"], "--top-p 1.5: expected a value in (0, 1]"),
+    (["--sampling", "--temperature", "0"], "--temperature 0.0: expected a number > 0"),
+    (["--seed", "3"], "--seed is a sampling option: add --sampling"),
+])
+def test_bad_sampling_options_exit_2(ckpt, tmp_path, args, fragment):
+    out = tmp_path / "out.de"
+    result = invoke("translate", ckpt, SOURCES[0], *args, "-o", out)
+    assert result.exit_code == 2, result.output
+    assert fragment in assert_one_error_line(result.stderr)
+    assert not out.exists()

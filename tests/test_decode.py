@@ -332,3 +332,84 @@ def test_fp32_scores_are_fp32_sums():
     for hyps in beam_search(model, batch.src, batch.src_mask, beam_size=4, nbest=4, min_len=2):
         assert all(math.isfinite(h.score) and float(torch.tensor(h.score, dtype=torch.float32)) == h.score
                    for h in hyps)
+
+
+# ------------------------------------------------------------------------------------------- sampling
+
+
+@torch.no_grad()
+def _exact_first_piece(model, src, src_mask, temperature, top_k, top_p):
+    """The oracle: the distribution of the first piece, written out separately from decode.py: the
+    model's probabilities with PAD and BOS never output, tempered, cut to the top k, then to the smallest
+    set reaching top_p (ties kept in index order), renormalised."""
+    state = model.encode(src, src_mask)
+    logits, _, _ = model.step(torch.full((1,), BOS_ID), state)
+    logp = torch.log_softmax(logits[0].double(), -1)
+    logp[PAD_ID] = logp[BOS_ID] = -math.inf
+    p = torch.softmax(logp / temperature, -1).tolist()
+    ranked = sorted(range(len(p)), key=lambda v: (-p[v], v))
+    keep = ranked[:top_k] if top_k else ranked
+    kept, mass = [], 0.0
+    total = sum(p[v] for v in keep)
+    for v in keep:
+        kept.append(v)
+        mass += p[v] / total
+        if mass >= top_p:
+            break
+    z = sum(p[v] for v in kept)
+    return {v: p[v] / z for v in kept}
+
+
+@every_model
+@pytest.mark.parametrize("temperature, top_k, top_p", [(1.0, 0, 1.0), (0.7, 0, 1.0), (1.5, 4, 1.0),
+                                                       (1.0, 0, 0.8), (2.0, 5, 0.9)])
+def test_sampling_draws_from_the_exact_distribution(name, temperature, top_k, top_p):
+    """A goodness-of-fit check: 20,000 one-piece outputs (the limit forces EOS after one piece) drawn by
+    the search, against the exact distribution: no piece outside its support, and Pearson's chi-square
+    below df + 6 sqrt(2 df) (a chance of failing far below one in a million for a correct sampler)."""
+    from attnmt.decode import Sampling
+
+    model = make_model(name)
+    (src,) = sentences([5], seed=3)
+    n = 20_000
+    batch = collate([src] * n)
+    exact = _exact_first_piece(model, batch.src[:1], batch.src_mask[:1], temperature, top_k, top_p)
+    generator = torch.Generator().manual_seed(11)
+    found = greedy_search(model, batch.src, batch.src_mask, max_len_a=0.0, max_len_b=1,
+                          sampling=Sampling(temperature, top_k, top_p), generator=generator)
+    counts: dict[int, int] = {}
+    for h in found:
+        piece = h.tokens[0] if h.tokens else EOS_ID
+        counts[piece] = counts.get(piece, 0) + 1
+    assert set(counts) <= set(exact)
+    chi2 = sum((counts.get(v, 0) - n * q) ** 2 / (n * q) for v, q in exact.items())
+    df = max(len(exact) - 1, 1)
+    assert chi2 < df + 6 * math.sqrt(2 * df), (chi2, df, exact, counts)
+    # Scores are the model's own log-probabilities of the pieces drawn (EOS included), not the tempered ones.
+    torch.set_grad_enabled(False)
+    state = model.encode(batch.src[:1], batch.src_mask[:1])
+    logits, state, _ = model.step(torch.full((1,), BOS_ID), state)
+    first = torch.log_softmax(logits[0].double(), -1)
+    h = next(h for h in found if h.tokens)
+    second, _, _ = model.step(torch.tensor([h.tokens[0]]), state)
+    eos = torch.log_softmax(second[0].double(), -1)[EOS_ID]
+    torch.set_grad_enabled(True)
+    assert h.score == pytest.approx(float(first[h.tokens[0]] + eos))
+
+
+def test_sampling_repeats_with_its_seed():
+    from attnmt.decode import Sampling
+
+    model = make_model("transformer")
+    batch = collate(sentences([4, 6, 3], seed=5) * 20)
+
+    def draw(seed):
+        generator = torch.Generator().manual_seed(seed)
+        found = greedy_search(model, batch.src, batch.src_mask, sampling=Sampling(1.0), generator=generator)
+        return [h.tokens for h in found]
+
+    assert draw(1) == draw(1) and draw(1) != draw(2)
+    with pytest.raises(ValueError, match="top_p"):
+        Sampling(top_p=0.0)
+    with pytest.raises(ValueError, match="temperature"):
+        Sampling(temperature=0.0)

@@ -65,10 +65,12 @@ def refuse_overwrite(flag: str, output: Path | None, inputs: list[Path | None]) 
 
 
 def open_translator(model_path: Path, device: Device = Device.auto, beam_size: int | None = None,
-                    nbest: int = 1, length_penalty: float | None = None, max_tokens: int | None = None):
+                    nbest: int = 1, length_penalty: float | None = None, max_tokens: int | None = None,
+                    sampling=None):
     """Load MODEL for decoding: (Translator, config, checkpoint path). Decode settings are the model's
     ``decode`` section with these overrides; the model gets the CPU fast path (``fastpath.py``) and the
-    process keeps freed memory for reuse (``runtime.py``), as every decoding command does."""
+    process keeps freed memory for reuse (``runtime.py``), as every decoding command does. With
+    ``sampling`` (``decode.Sampling``), ``nbest`` samples per source instead of a search."""
     from .. import checkpoint, fastpath
     from ..distributed import choose_device
     from ..runtime import keep_freed_memory
@@ -78,6 +80,6 @@ def open_translator(model_path: Path, device: Device = Device.auto, beam_size: i
     keep_freed_memory()  # decoding reuses the same large blocks every step
     model, tokenizer, cfg, path = checkpoint.load_model(model_path, dev)
     fastpath.apply(model)
-    decode = with_overrides(cfg.decode, tokenizer.tgt_vocab_size, beam_size, nbest, length_penalty,
-                            max_tokens)
-    return Translator(model, tokenizer, decode, dev), cfg, path
+    decode = with_overrides(cfg.decode, tokenizer.tgt_vocab_size, nbest if sampling else beam_size, nbest,
+                            length_penalty, max_tokens)
+    return Translator(model, tokenizer, decode, dev, sampling), cfg, path

@@ -38,15 +38,34 @@ def translate(
     nbest: NbestOpt = 1,
     max_tokens: MaxTokensOpt = None,
     length_penalty: LengthPenaltyOpt = None,
+    sampling: Annotated[bool, typer.Option("--sampling", help="Draw each translation at random from the "
+                                           "model instead of searching (--nbest N: N samples).")] = False,
+    temperature: Annotated[float | None, typer.Option("--temperature", help="With --sampling: divide the "
+                                                      "log-probabilities by this (default 1).",
+                                                      show_default=False)] = None,
+    top_k: Annotated[int | None, typer.Option("--top-k", help="With --sampling: draw from the K most "
+                                              "probable pieces only (default 0: all).",
+                                              show_default=False)] = None,
+    top_p: Annotated[float | None, typer.Option("--top-p", help="With --sampling: draw from the smallest "
+                                                "set of pieces whose probability reaches P (nucleus; "
+                                                "default 1: all).", show_default=False)] = None,
+    seed: Annotated[int | None, typer.Option("--seed", help="With --sampling: the random seed (default 1); "
+                                             "the same seed and input give the same samples.",
+                                             show_default=False)] = None,
     device: DeviceOpt = "auto",
 ) -> None:
-    """Translate sentences, a file or stdin; one output line per input line, in input order."""
+    """Translate sentences, a file or stdin; one output line per input line, in input order.
+
+    With --nbest N (or --sampling --nbest N): N lines per input, "index<TAB>score<TAB>translation".
+    """
     from ..runfiles import atomic_write_text
 
+    draw = _sampling(sampling, beam_size, temperature, top_k, top_p, seed)
     lines = sentences_or_input(sentences, input_)
     inputs = [input_] if input_ is not None and str(input_) != "-" else []
     refuse_overwrite("--output", output, inputs + [model])
-    translator, _, checkpoint = open_translator(model, device, beam_size, nbest, length_penalty, max_tokens)
+    translator, _, checkpoint = open_translator(model, device, beam_size, nbest, length_penalty, max_tokens,
+                                                draw)
     refuse_overwrite("--output", output, [checkpoint])
     written: list[str] = []
     truncated = index = 0
@@ -69,6 +88,31 @@ def translate(
     if truncated:
         sys.stderr.write(f"warning: {truncated} line(s) "
                          "longer than decode.max_src_len pieces were truncated\n")
+
+
+def _sampling(sampling: bool, beam_size: int | None, temperature: float | None, top_k: int | None,
+              top_p: float | None, seed: int | None):
+    """``translate``'s sampling options as a ``decode.Sampling`` (None without --sampling), checked."""
+    from ..decode import Sampling
+    from ..errors import ConfigError
+
+    given = {"--temperature": temperature, "--top-k": top_k, "--top-p": top_p, "--seed": seed}
+    if not sampling:
+        named = [flag for flag, value in given.items() if value is not None]
+        if named:
+            raise ConfigError(f"{named[0]} is a sampling option: add --sampling")
+        return None
+    if beam_size is not None and beam_size > 1:
+        raise ConfigError(f"--sampling draws instead of searching: it cannot be used with --beam-size "
+                          f"{beam_size}")
+    if temperature is not None and not temperature > 0:
+        raise ConfigError(f"--temperature {temperature}: expected a number > 0")
+    if top_k is not None and top_k < 0:
+        raise ConfigError(f"--top-k {top_k}: expected 0 (no cut) or more")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ConfigError(f"--top-p {top_p}: expected a value in (0, 1]")
+    return Sampling(temperature if temperature is not None else 1.0, top_k or 0,
+                    top_p if top_p is not None else 1.0, seed if seed is not None else 1)
 
 
 @command("eval")
