@@ -246,3 +246,27 @@ def test_import_and_help_load_no_heavy_library():
     assert result.returncode == 0, result.stderr
     assert "prepare" in result.stdout
     assert result.stdout.strip().splitlines()[-1] == "loaded: [] []"
+
+
+def test_the_progress_bar_shows_on_a_terminal_only():
+    import io
+
+    from attnmt.cli.common import FileProgress
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    shown = Terminal()
+    with FileProgress(2000, "translating", stream=shown) as progress:
+        progress.advance(1000)
+        progress.advance(1000)
+    assert "translating" in shown.getvalue() and "sent/s" in shown.getvalue()
+    piped = io.StringIO()  # not a terminal: nothing at all
+    with FileProgress(2000, "translating", stream=piped) as progress:
+        progress.advance(2000)
+    assert piped.getvalue() == ""
+    stdin = Terminal()  # a terminal, but the input is no file (stdin streams): nothing
+    with FileProgress(0, "translating", show=False, stream=stdin) as progress:
+        progress.advance(5)
+    assert stdin.getvalue() == ""

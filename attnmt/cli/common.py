@@ -4,6 +4,7 @@ trained model opened for decoding."""
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -83,3 +84,38 @@ def open_translator(model_path: Path, device: Device = Device.auto, beam_size: i
     decode = with_overrides(cfg.decode, tokenizer.tgt_vocab_size, nbest if sampling else beam_size, nbest,
                             length_penalty, max_tokens)
     return Translator(model, tokenizer, decode, dev, sampling), cfg, path
+
+
+class FileProgress:
+    """A progress bar on stderr (rich: sentences/s and the time left) for a command working through a
+    file of ``total`` lines, shown only when stderr is a terminal and the input is a file (``show``);
+    otherwise nothing at all, so pipes and logs stay as they were."""
+
+    def __init__(self, total: int, what: str, show: bool = True, stream=None) -> None:
+        self.stream = stream if stream is not None else sys.stderr
+        self.enabled = show and total > 0 and bool(getattr(self.stream, "isatty", lambda: False)())
+        self.total, self.what = total, what
+        self._progress = self._task = None
+
+    def __enter__(self) -> FileProgress:
+        if self.enabled:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self._progress = Progress(TextColumn(self.what), BarColumn(), MofNCompleteColumn(),
+                                      TextColumn("{task.fields[rate]}"), TimeRemainingColumn(),
+                                      console=Console(file=self.stream), transient=True)
+            self._progress.start()
+            self._task = self._progress.add_task(self.what, total=self.total, rate="")
+            self._started = time.perf_counter()
+        return self
+
+    def advance(self, n: int) -> None:
+        if self._progress is not None:
+            task = self._progress.tasks[0]
+            seconds = max(time.perf_counter() - self._started, 1e-9)
+            self._progress.update(self._task, advance=n, rate=f"{(task.completed + n) / seconds:,.1f} sent/s")
+
+    def __exit__(self, *exc) -> None:
+        if self._progress is not None:
+            self._progress.stop()

@@ -11,7 +11,7 @@ import typer
 
 from ..choices import BleuTokenizer
 from .app import command
-from .common import open_translator, refuse_overwrite, sentences_or_input
+from .common import FileProgress, open_translator, refuse_overwrite, sentences_or_input
 from .options import (
     BeamOpt,
     DeviceOpt,
@@ -58,6 +58,7 @@ def translate(
 
     With --nbest N (or --sampling --nbest N): N lines per input, "index<TAB>score<TAB>translation".
     """
+    from ..data import count_lines
     from ..runfiles import atomic_write_text
 
     draw = _sampling(sampling, beam_size, temperature, top_k, top_p, seed)
@@ -69,20 +70,23 @@ def translate(
     refuse_overwrite("--output", output, [checkpoint])
     written: list[str] = []
     truncated = index = 0
-    for results in translator.translate_stream(lines, CHUNK_LINES):
-        text = []
-        for result in results:
-            truncated += result.truncated
-            if nbest == 1:
-                text.append(result.outputs[0][0] + "\n")
+    total = count_lines(input_) if inputs else 0
+    with FileProgress(total, "translating", show=bool(inputs)) as progress:
+        for results in translator.translate_stream(lines, CHUNK_LINES):
+            text = []
+            for result in results:
+                truncated += result.truncated
+                if nbest == 1:
+                    text.append(result.outputs[0][0] + "\n")
+                else:
+                    text.extend(f"{index}\t{score:.4f}\t{out}\n" for out, score in result.outputs)
+                index += 1
+            progress.advance(len(results))
+            if output is None:
+                sys.stdout.write("".join(text))
+                sys.stdout.flush()  # per chunk, so that a pipe sees results as they come
             else:
-                text.extend(f"{index}\t{score:.4f}\t{out}\n" for out, score in result.outputs)
-            index += 1
-        if output is None:
-            sys.stdout.write("".join(text))
-            sys.stdout.flush()  # per chunk, so that a pipe sees results as they come
-        else:
-            written.extend(text)
+                written.extend(text)
     if output is not None:
         atomic_write_text(output, "".join(written))
     if truncated:
@@ -144,6 +148,7 @@ def eval_(
     from ..errors import ConfigError
     from ..metrics import bleu_tokenize, read_references, score_corpus
     from ..runfiles import atomic_write_text
+    from ..translator import chunks
 
     if not ref:
         raise ConfigError("--ref is required")
@@ -158,7 +163,11 @@ def eval_(
         translator, cfg, _ = open_translator(model, device, beam_size, 1, length_penalty, max_tokens)
         lang = tgt_lang or cfg.data.tgt_lang
         bleu_tokenize(lang, bleu)  # a scorer that cannot run is refused before the translating
-        hypotheses, name = translator.best(list(read_lines(src))), f"translations of {src}"
+        sources, hypotheses, name = list(read_lines(src)), [], f"translations of {src}"
+        with FileProgress(len(sources), "translating") as progress:
+            for chunk in chunks(sources, CHUNK_LINES):
+                hypotheses += translator.best(chunk)
+                progress.advance(len(chunk))
         if hyp_out is not None:
             atomic_write_text(hyp_out, "".join(h + "\n" for h in hypotheses))
     scores = score_corpus(hypotheses, name, references, metrics.names, tgt_lang=lang, tokenize=bleu,
@@ -197,7 +206,11 @@ def score(
     sources, targets = read_pairs(src, tgt)
     translator, _, checkpoint = open_translator(model, device, None, 1, length_penalty, max_tokens)
     refuse_overwrite("--output", output, [checkpoint])
-    scored = translator.score(sources, targets)
+    scored = []
+    with FileProgress(len(sources), "scoring") as progress:
+        for start in range(0, len(sources), CHUNK_LINES):
+            scored += translator.score(sources[start:start + CHUNK_LINES], targets[start:start + CHUNK_LINES])
+            progress.advance(len(scored) - start)
     if json_:
         lines = [json.dumps({"logprob": round(s.logprob, 6), "tokens": s.tokens,
                              "per_token": round(s.per_token, 6), "normalized": round(s.normalized, 6)})
