@@ -489,3 +489,32 @@ def test_bad_sampling_options_exit_2(ckpt, tmp_path, args, fragment):
     assert result.exit_code == 2, result.output
     assert fragment in assert_one_error_line(result.stderr)
     assert not out.exists()
+
+
+# ------------------------------------------------------------------------------------------- ensembles
+
+
+def test_an_ensemble_of_a_checkpoint_with_itself_translates_and_evaluates_as_it(ckpt, tmp_path):
+    for beam in ("1", "4"):
+        assert translate(ckpt, *SOURCES, "--ensemble", ckpt, "--beam-size", beam) == \
+            translate(ckpt, *SOURCES, "--beam-size", beam)
+    src, ref = tmp_path / "src.en", tmp_path / "ref.de"
+    src.write_text("".join(s + "\n" for s in SOURCES), encoding="utf-8")
+    ref.write_text("".join(s + "\n" for s in translate(ckpt, *SOURCES)), encoding="utf-8")
+    alone = invoke("eval", ckpt, "--src", src, "--ref", ref, "--json")
+    together = invoke("eval", ckpt, "--src", src, "--ref", ref, "--json", "--ensemble", ckpt)
+    assert alone.exit_code == together.exit_code == 0
+    assert json.loads(alone.stdout) == json.loads(together.stdout)
+
+
+def test_an_ensemble_with_another_tokenizer_exits_4(ckpt, tiny, tmp_path):
+    other = tmp_path / "other"  # the tiny recipe with another vocabulary: another tokenizer
+    sets = ["tokenizer.vocab_size=50", "train.max_steps=2", "train.save_every=2", "train.eval_every=2"]
+    trained = invoke("train", tiny.config["transformer"], "--run-dir", other,
+                     *[x for item in sets for x in ("--set", item)])
+    assert trained.exit_code == 0, trained.output
+    out = tmp_path / "out.de"
+    result = invoke("translate", ckpt, SOURCES[0], "--ensemble", other, "-o", out)
+    assert result.exit_code == 4, result.output
+    assert "must share one tokenizer" in assert_one_error_line(result.stderr)
+    assert not out.exists()

@@ -413,3 +413,49 @@ def test_sampling_repeats_with_its_seed():
         Sampling(top_p=0.0)
     with pytest.raises(ValueError, match="temperature"):
         Sampling(temperature=0.0)
+
+
+# ------------------------------------------------------------------------------------------- ensembles
+
+
+@every_model
+def test_an_ensemble_of_a_model_with_itself_is_the_model(name):
+    from attnmt.models import Ensemble
+
+    model = make_model(name)
+    ensemble = Ensemble([model, model]).eval()
+    batch = collate(sentences([5, 3, 7], seed=2))
+    def flat(found):
+        return [h for x in found for h in (x if isinstance(x, list) else [x])]
+
+    for search in (lambda m: greedy_search(m, batch.src, batch.src_mask),
+                   lambda m: beam_search(m, batch.src, batch.src_mask, beam_size=4, nbest=3)):
+        alone, together = search(model), search(ensemble)
+        assert [h.tokens for h in flat(alone)] == [h.tokens for h in flat(together)]
+        assert [h.score for h in flat(together)] == pytest.approx([h.score for h in flat(alone)], abs=1e-9)
+
+
+def test_a_two_model_ensemble_steps_with_the_average_of_their_log_probabilities():
+    from attnmt.models import Ensemble
+
+    first, second = make_model("transformer", seed=0), make_model("lstm", seed=1)
+    ensemble = Ensemble([first, second]).eval()
+    batch = collate(sentences([4, 6], seed=4))
+    states = [m.encode(batch.src, batch.src_mask) for m in (first, second)]
+    state = ensemble.encode(batch.src, batch.src_mask)
+    tokens = torch.full((2,), BOS_ID)
+    for step_tokens in ([5, 6], [7, 4], [EOS_ID, 8]):
+        logits, state, _ = ensemble.step(tokens, state)
+        by_hand = []
+        for k, m in enumerate((first, second)):
+            member_logits, states[k], _ = m.step(tokens, states[k])
+            by_hand.append(torch.log_softmax(member_logits, -1))
+        torch.testing.assert_close(logits, (by_hand[0] + by_hand[1]) / 2)
+        tokens = torch.tensor(step_tokens)
+    # The searches renormalise it: greedy picks the argmax of the average.
+    found = greedy_search(ensemble, batch.src, batch.src_mask, max_len_a=0.0, max_len_b=1)
+    s0 = [m.encode(batch.src, batch.src_mask) for m in (first, second)]
+    bos = torch.full((2,), BOS_ID)
+    avg = sum(torch.log_softmax(m.step(bos, s)[0], -1) for m, s in zip((first, second), s0))
+    avg[:, PAD_ID] = avg[:, BOS_ID] = -math.inf
+    assert [h.tokens[:1] or [EOS_ID] for h in found] == [[int(t)] for t in avg.argmax(-1)]

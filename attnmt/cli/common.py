@@ -67,11 +67,13 @@ def refuse_overwrite(flag: str, output: Path | None, inputs: list[Path | None]) 
 
 def open_translator(model_path: Path, device: Device = Device.auto, beam_size: int | None = None,
                     nbest: int = 1, length_penalty: float | None = None, max_tokens: int | None = None,
-                    sampling=None):
+                    sampling=None, ensemble: list[Path] | None = None):
     """Load MODEL for decoding: (Translator, config, checkpoint path). Decode settings are the model's
     ``decode`` section with these overrides; the model gets the CPU fast path (``fastpath.py``) and the
     process keeps freed memory for reuse (``runtime.py``), as every decoding command does. With
-    ``sampling`` (``decode.Sampling``), ``nbest`` samples per source instead of a search."""
+    ``sampling`` (``decode.Sampling``), ``nbest`` samples per source instead of a search. ``ensemble``:
+    more models, with the same tokenizer (else a CheckpointError), averaged step by step with MODEL
+    (``models.Ensemble``); MODEL's decode settings apply."""
     from .. import checkpoint, fastpath
     from ..distributed import choose_device
     from ..runtime import keep_freed_memory
@@ -81,6 +83,19 @@ def open_translator(model_path: Path, device: Device = Device.auto, beam_size: i
     keep_freed_memory()  # decoding reuses the same large blocks every step
     model, tokenizer, cfg, path = checkpoint.load_model(model_path, dev)
     fastpath.apply(model)
+    if ensemble:
+        from ..errors import CheckpointError
+        from ..models import Ensemble
+
+        members = [model]
+        for other in ensemble:
+            member, member_tokenizer, _, member_path = checkpoint.load_model(other, dev)
+            if member_tokenizer.fingerprint() != tokenizer.fingerprint():
+                raise CheckpointError(f"--ensemble {member_path}: its tokenizer is not {path}'s; an ensemble "
+                                      "averages the same pieces, so its models must share one tokenizer")
+            fastpath.apply(member)
+            members.append(member)
+        model = Ensemble(members).eval()
     decode = with_overrides(cfg.decode, tokenizer.tgt_vocab_size, nbest if sampling else beam_size, nbest,
                             length_penalty, max_tokens)
     return Translator(model, tokenizer, decode, dev, sampling), cfg, path

@@ -38,6 +38,9 @@ def translate(
     nbest: NbestOpt = 1,
     max_tokens: MaxTokensOpt = None,
     length_penalty: LengthPenaltyOpt = None,
+    ensemble: Annotated[list[Path] | None, typer.Option("--ensemble", help="Another model to average with "
+                                                        "MODEL step by step (repeat for more; one "
+                                                        "tokenizer).", show_default=False)] = None,
     sampling: Annotated[bool, typer.Option("--sampling", help="Draw each translation at random from the "
                                            "model instead of searching (--nbest N: N samples).")] = False,
     temperature: Annotated[float | None, typer.Option("--temperature", help="With --sampling: divide the "
@@ -66,7 +69,7 @@ def translate(
     inputs = [input_] if input_ is not None and str(input_) != "-" else []
     refuse_overwrite("--output", output, inputs + [model])
     translator, _, checkpoint = open_translator(model, device, beam_size, nbest, length_penalty, max_tokens,
-                                                draw)
+                                                draw, ensemble)
     refuse_overwrite("--output", output, [checkpoint])
     written: list[str] = []
     truncated = index = 0
@@ -136,6 +139,9 @@ def eval_(
     tgt_lang: Annotated[str | None, typer.Option("--tgt-lang", help="Target language code "
                                                  "(picks BLEU's tokenizer, e.g. zh).")] = None,
     json_: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    ensemble: Annotated[list[Path] | None, typer.Option("--ensemble", help="Another model to average with "
+                                                        "MODEL step by step (repeat for more; one "
+                                                        "tokenizer).", show_default=False)] = None,
     hyp_out: Annotated[Path | None, typer.Option("--hyp-out",
                                                  help="Also write the translations here.")] = None,
     beam_size: BeamOpt = None,
@@ -160,7 +166,8 @@ def eval_(
     if hyp is not None:
         hypotheses, name, lang = list(read_lines(hyp)), str(hyp), tgt_lang
     else:
-        translator, cfg, _ = open_translator(model, device, beam_size, 1, length_penalty, max_tokens)
+        translator, cfg, _ = open_translator(model, device, beam_size, 1, length_penalty, max_tokens,
+                                             ensemble=ensemble)
         lang = tgt_lang or cfg.data.tgt_lang
         bleu_tokenize(lang, bleu)  # a scorer that cannot run is refused before the translating
         sources, hypotheses, name = list(read_lines(src)), [], f"translations of {src}"

@@ -11,14 +11,15 @@ from __future__ import annotations
 from torch import nn
 
 from ..config import LSTMConfig, TransformerConfig
+from .ensemble import Ensemble
 from .lstm import LSTMModel
 from .protocol import DecoderState, ModelOutput, TranslationModel, take_rows
 from .transformer import TransformerModel
 
 ARCHS: dict[str, type[nn.Module]] = {"lstm": LSTMModel, "transformer": TransformerModel}
 
-__all__ = ["ARCHS", "DecoderState", "ModelOutput", "TranslationModel", "attention_layout", "build_model",
-           "parameter_counts", "take_rows"]
+__all__ = ["ARCHS", "DecoderState", "Ensemble", "ModelOutput", "TranslationModel", "attention_layout",
+           "build_model", "parameter_counts", "take_rows"]
 
 
 def build_model(cfg: LSTMConfig | TransformerConfig, src_vocab_size: int, tgt_vocab_size: int,
