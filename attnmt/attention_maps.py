@@ -12,7 +12,7 @@ know no model). ``draw_attention`` (``attnmt plot`` and the heatmaps drawn durin
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -57,10 +57,12 @@ def teacher_forced_attention(
     device: torch.device | str = "cpu",
     max_tokens: int = 4000,
     kinds: Sequence[str] | None = None,
+    on_batch: Callable[[int], None] | None = None,
 ) -> list[AttentionMaps]:
     """The attention of ``model`` reading each source (EOS appended) while forced to produce its target
     (BOS + target in, target + EOS out), one ``AttentionMaps`` per pair, in order. Pairs are batched by
-    length under ``max_tokens`` padded pieces; ``kinds`` keeps only those kinds (default: all)."""
+    length under ``max_tokens`` padded pieces; ``kinds`` keeps only those kinds (default: all);
+    ``on_batch(n)`` is told each batch's pairs as they are done (a progress bar)."""
     if len(src_ids) != len(tgt_ids):
         raise ValueError(f"{len(src_ids)} sources but {len(tgt_ids)} targets")
     was_training = model.training
@@ -81,6 +83,8 @@ def teacher_forced_attention(
                 for b, i in enumerate(chunk):
                     rows, cols = sizes[rows_side][b], sizes[cols_side][b]
                     results[i][kind] = list(stacked[b, :, :, :rows, :cols])
+            if on_batch is not None:
+                on_batch(len(chunk))
     finally:
         model.train(was_training)
     return results
@@ -180,7 +184,8 @@ class Aligned:
 def align_corpus(translator: Translator, sources: Sequence[str], targets: Sequence[str] | None = None,
                  options: AlignOptions = AlignOptions(), gold: Gold | None = None,
                  reverse: Translator | None = None,
-                 reverse_options: AlignOptions | None = None) -> Aligned:
+                 reverse_options: AlignOptions | None = None,
+                 on_batch: Callable[[int], None] | None = None) -> Aligned:
     """Word alignments of sentence pairs from cross-attention under teacher forcing (``options``: the layer
     and heads averaged, the rows, the method; ``alignment.attention_rows``), merged into words
     (``words.merge``). Words are the space-separated tokens of a line (pre-tokenised text, as gold
@@ -191,9 +196,9 @@ def align_corpus(translator: Translator, sources: Sequence[str], targets: Sequen
     ``gold`` must fit the pairs (checked before any attention is computed)."""
     if targets is None:
         targets = translator.best(sources)
-    links = _directional_links(translator, sources, targets, options, gold)
+    links = _directional_links(translator, sources, targets, options, gold, on_batch)
     if reverse is not None:
-        backward = _directional_links(reverse, targets, sources, reverse_options or options, None)
+        backward = _directional_links(reverse, targets, sources, reverse_options or options, None, on_batch)
         links = [sorted(symmetrize(forward, [(i, j) for j, i in back], options.symmetrize))
                  for forward, back in zip(links, backward)]
     return Aligned(list(targets), links)
@@ -227,12 +232,13 @@ def _membership(spec, n_pieces: int) -> np.ndarray:
 
 
 def _directional_links(translator: Translator, sources: Sequence[str], targets: Sequence[str],
-                       options: AlignOptions, gold: Gold | None) -> list[list[Link]]:
+                       options: AlignOptions, gold: Gold | None,
+                       on_batch: Callable[[int], None] | None = None) -> list[list[Link]]:
     src_ids, src_groups, tgt_ids, tgt_groups = _word_pieces(translator, sources, targets, gold)
     pairs = [i for i in range(len(sources)) if src_ids[i] and tgt_ids[i]]
     maps = teacher_forced_attention(translator.model, [src_ids[i] for i in pairs],
                                     [tgt_ids[i] for i in pairs], translator.device,
-                                    translator.decode.max_tokens, ["cross"])
+                                    translator.decode.max_tokens, ["cross"], on_batch)
     links: list[list[Link]] = [[] for _ in sources]
     for i, pair_maps in zip(pairs, maps):
         links[i] = _links(pair_maps["cross"], src_groups[i], tgt_groups[i], options)

@@ -13,7 +13,14 @@ import typer
 
 from ..errors import ConfigError, DataError
 from .app import command
-from .common import open_translator, read_pairs, refuse_overwrite, sentences_or_input, write_output
+from .common import (
+    FileProgress,
+    open_translator,
+    read_pairs,
+    refuse_overwrite,
+    sentences_or_input,
+    write_output,
+)
 from .options import (
     AlignMethod,
     BeamOpt,
@@ -270,7 +277,10 @@ def align(
         targets = translator.best(sources)
         if hyp_out is not None:
             atomic_write_text(hyp_out, "".join(t + "\n" for t in targets))
-    aligned = align_corpus(translator, sources, targets, options, gold_links, back, back_options)
+    total = len(sources) * (2 if back is not None else 1)
+    with FileProgress(total, "aligning") as progress:
+        aligned = align_corpus(translator, sources, targets, options, gold_links, back, back_options,
+                               progress.advance)
     text = "".join(format_pharaoh(links, one_based) + "\n" for links in aligned.links)
     if output is not None or gold is None:
         write_output(output, text)
