@@ -95,9 +95,6 @@ def extract_alignment(matrix: np.ndarray, method: str = "mutual", threshold: flo
     return sorted(links)
 
 
-WORD_RULES = ("merged", "any")
-
-
 def words_from_piece_links(links: Iterable[Link], src_words: np.ndarray, tgt_words: np.ndarray) -> list[Link]:
     """Word links from piece links (source piece, target piece): two words are linked if any of their
     pieces are. ``src_words`` and ``tgt_words`` are membership matrices (pieces, words); a piece that

@@ -221,14 +221,10 @@ def _links(cross: list[np.ndarray], src_groups, tgt_groups, options: AlignOption
     matrix = attention_rows(cross, options.layer, options.heads, options.shift)  # (T, S)
     if options.words == "any":  # links between pieces; words linked if any of their pieces are
         pieces = extract_alignment(matrix, options.method, options.threshold)
-        return words_from_piece_links(pieces, _membership(src_groups, matrix.shape[1]),
-                                      _membership(tgt_groups, matrix.shape[0]))
+        return words_from_piece_links(pieces, membership_of(src_groups, matrix.shape[1]),
+                                      membership_of(tgt_groups, matrix.shape[0]))
     words = merge(matrix, tgt_groups, src_groups)  # (target words, source words)
     return extract_alignment(words, options.method, options.threshold)
-
-
-def _membership(spec, n_pieces: int) -> np.ndarray:
-    return spec if isinstance(spec, np.ndarray) else membership_of(spec, n_pieces)
 
 
 def _directional_links(translator: Translator, sources: Sequence[str], targets: Sequence[str],
@@ -254,7 +250,7 @@ def _page_words(line: str, spec, n_pieces: int) -> tuple[np.ndarray, list[str]]:
     labels = [w.text for w in segment(line)] if has_cjk(line) else clean(line).split()
     words = word_count(spec)
     matrix = np.zeros((n_pieces + 1, words + 1))
-    matrix[:n_pieces, :words] = spec if isinstance(spec, np.ndarray) else membership_of(spec, n_pieces)
+    matrix[:n_pieces, :words] = membership_of(spec, n_pieces)
     matrix[n_pieces, words] = 1.0
     if len(labels) != words:  # cannot happen for lines words_to_pieces read; labels then by number
         labels = [str(w + 1) for w in range(words)]

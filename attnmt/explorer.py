@@ -61,7 +61,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .runfiles import atomic_write_text
+from .runfiles import atomic_write_bytes
 from .words import membership_of, piece_words
 
 KINDS = ("cross", "enc_self", "dec_self")
@@ -112,7 +112,7 @@ def _members(pieces: Sequence[str], given: tuple[np.ndarray, list[str]] | None =
                              f"{len(labels)} words")
     else:
         spec, labels = piece_words(pieces)
-        matrix = spec if isinstance(spec, np.ndarray) else membership_of(spec, len(pieces))  # (P, W)
+        matrix = membership_of(spec, len(pieces))  # (P, W)
     members: list = []
     for row in matrix:
         (words,) = np.nonzero(row)
@@ -208,9 +208,9 @@ def explorer_html(sentences: Sequence[ExplorerSentence], title: str = "attnmt at
 
 def write_explorer(path: Path, sentences: Sequence[ExplorerSentence], title: str = "attnmt attention") -> int:
     """Write ``explorer_html(sentences, title)`` to ``path`` atomically; returns the bytes written."""
-    text = explorer_html(sentences, title)
-    atomic_write_text(Path(path), text)
-    return len(text.encode("utf-8"))
+    data = explorer_html(sentences, title).encode("utf-8")
+    atomic_write_bytes(Path(path), data)
+    return len(data)
 
 
 # ------------------------------------------------------------------------------------------ the page
@@ -468,12 +468,17 @@ _SCRIPT = r"""
     return node;
   }
 
+  function viewBox(cls, id, mat) {
+    const box = el("div", cls);
+    box.id = id;
+    box.dataset.rows = String(mat.rows);
+    box.dataset.cols = String(mat.cols);
+    return box;
+  }
+
   function drawHeatmap(view, area) {
     const {mat, rowLabels, colLabels, marks} = view;
-    const grid = el("div", "heatmap");
-    grid.id = "explorer-heatmap";
-    grid.dataset.rows = String(mat.rows);
-    grid.dataset.cols = String(mat.cols);
+    const grid = viewBox("heatmap", "explorer-heatmap", mat);
     grid.style.gridTemplateColumns = "max-content repeat(" + mat.cols + ", var(--cell))";
     const parts = document.createDocumentFragment();
     parts.appendChild(el("div", "corner"));
@@ -504,10 +509,7 @@ _SCRIPT = r"""
 
   function drawLines(view, area) {
     const {mat, rowLabels, colLabels, marks} = view;
-    const box = el("div", "lines");
-    box.id = "explorer-lines";
-    box.dataset.rows = String(mat.rows);
-    box.dataset.cols = String(mat.cols);
+    const box = viewBox("lines", "explorer-lines", mat);
     const keys = el("div", "line-column"), queries = el("div", "line-column");
     colLabels.forEach((t, j) => keys.appendChild(label("div", "line-key", t, "col", j)));
     rowLabels.forEach((t, i) => queries.appendChild(label("div", "line-query", t, "row", i)));

@@ -31,8 +31,7 @@ from .words import has_cjk, membership_of, piece_words
 
 
 def _membership(pieces: list[str]) -> np.ndarray:
-    spec, _ = piece_words(pieces)
-    return spec if isinstance(spec, np.ndarray) else membership_of(spec, len(pieces))
+    return membership_of(piece_words(pieces)[0], len(pieces))
 
 
 def read_alignment_lines(guided: GuidedAlignmentConfig, split: EncodedSplit, corpus_lines: int,

@@ -131,6 +131,13 @@ def obtain_tokenizer(cfg: Config, run: RunDir, train: ParallelText) -> tuple[Tok
             )
         return load_tokenizer(run.tokenizer), False
     tokenizer = train_tokenizer(train.src, train.tgt, cfg.tokenizer, seed=cfg.train.seed)
+    write_tokenizer(tokenizer, settings, run)
+    return tokenizer, True
+
+
+def write_tokenizer(tokenizer: Tokenizer, settings: dict, run: RunDir) -> None:
+    """The tokenizer's model files and its metadata (``settings``: the config's tokenizer section) as the
+    run folder's ``tokenizer/``, complete or not at all."""
     tmp = run.root / f".tokenizer.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -138,7 +145,6 @@ def obtain_tokenizer(cfg: Config, run: RunDir, train: ParallelText) -> tuple[Tok
         (tmp / name).write_bytes(data)
     (tmp / META_FILE).write_text(json.dumps(tokenizer.meta(settings), indent=2), encoding="utf-8")
     replace_dir(tmp, run.tokenizer)
-    return tokenizer, True
 
 
 def save_split(columns: dict, path: Path) -> None:

@@ -102,7 +102,8 @@ class OptimizerStep:
         returns (loss sum, nll sum, guided alignment loss sum, global target tokens, global source tokens).
         With ``train.alignment``, the loss is the translation loss + weight * the alignment loss."""
         guided = self.cfg.alignment
-        align_layer = guided.layer - 1 if guided is not None else None
+        if guided is not None:
+            align_layer, align_heads = guided.layer - 1, [h - 1 for h in guided.heads]
         batches = [self.data.batch(indices) for indices in micro_batches]
         local_tgt, local_src = sum(b.n_tgt_tokens for b in batches), sum(b.n_src_tokens for b in batches)
         global_tgt, global_src = self.dist.all_sum([float(local_tgt), float(local_src)])
@@ -120,7 +121,7 @@ class OptimizerStep:
                     loss.loss = loss.loss * float("nan")
                 total = loss.loss
                 if guided is not None:
-                    aligned = guided_alignment_loss(out.alignment, batch.align, [h - 1 for h in guided.heads])
+                    aligned = guided_alignment_loss(out.alignment, batch.align, align_heads)
                     total = total + guided.weight * aligned
                     align_sum += float(aligned.detach())
                 scaled = total * (self.dist.world_size / max(global_tgt, 1.0))

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import signal
 import sys
 import time
@@ -49,8 +48,8 @@ from .keeper import CheckpointKeeper
 from .languages import bleu_tokenizer, missing_extra
 from .models import build_model
 from .optim import Schedule, make_optimizer
-from .prepare import prepare
-from .runfiles import RunDir, replace_dir
+from .prepare import prepare, write_tokenizer
+from .runfiles import RunDir
 from .runlog import (
     Finished,
     Message,
@@ -184,7 +183,6 @@ class Trainer:
         """``train.init_from``: the checkpoint's weights, after checking that its model config is this
         run's, and its tokenizer put in the run folder (or checked against the one there)."""
         from .checkpoint import diff_dicts, load_model
-        from .tokenizer import META_FILE
 
         model, tokenizer, init_cfg, path = load_model(self.tc.init_from)
         changes = diff_dicts(init_cfg.model.model_dump(mode="json"), self.cfg.model.model_dump(mode="json"))
@@ -198,15 +196,8 @@ class Trainer:
                 raise ConfigError(f"train.init_from {path}: {run.tokenizer} holds another tokenizer than the "
                                   "checkpoint's; use another --run-dir")
         elif self.dist.main:
-            tmp = run.root / f".tokenizer.tmp-{os.getpid()}"
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-            for name, data in tokenizer.files().items():
-                (tmp / name).write_bytes(data)
-            settings = self.cfg.tokenizer.model_dump(mode="json")
-            (tmp / META_FILE).write_text(json.dumps(tokenizer.meta(settings), indent=2), encoding="utf-8")
-            replace_dir(tmp, run.tokenizer)
-        return {k: v.detach().clone() for k, v in model.state_dict().items()}, path
+            write_tokenizer(tokenizer, self.cfg.tokenizer.model_dump(mode="json"), run)
+        return model.state_dict(), path
 
     def _guided_alignments(self) -> list:
         """``train.alignment``'s links of every training pair, in pieces, checked against the corpus."""
@@ -263,6 +254,7 @@ class Trainer:
         state = restore_training(path, payload, self.fingerprint, self.model, self.optimizer, self.schedule,
                                  self.scaler)
         self.progress = Progress(**state)
+        self.progress.log_sums += [0.0] * (5 - len(self.progress.log_sums))  # from before align_loss: 4
         self.log.truncate(self.progress.step)
         self.log.show(Message(f"resumed from {path.name} (step {self.progress.step}, "
                               f"epoch {self.progress.epoch + 1})"))
@@ -328,7 +320,6 @@ class Trainer:
         p, tc = self.progress, self.tc
         if not result.skipped:
             # In the checkpointed progress, so that the first record after a resume is exact too.
-            p.log_sums.extend([0.0] * (5 - len(p.log_sums)))  # a checkpoint from before align_loss has 4
             for i, value in enumerate((result.loss, result.nll, result.tgt_tokens, result.tokens,
                                        result.align_loss or 0.0)):
                 p.log_sums[i] += value
@@ -351,7 +342,7 @@ class Trainer:
 
     def _log_train(self, result: StepResult, epoch_batches: int) -> None:
         p = self.progress
-        loss, nll, tgt_tokens, tokens, aligned = (p.log_sums + [0.0])[:5]
+        loss, nll, tgt_tokens, tokens, aligned = p.log_sums
         seconds = time.perf_counter() - self._window_start
         epoch = p.epoch + p.batch_in_epoch / max(epoch_batches, 1)
         self.log.record(TrainRecord(p.step, epoch, loss / tgt_tokens, nll / tgt_tokens,

@@ -81,8 +81,10 @@ def merge_groups(weights: np.ndarray, row_groups: Sequence[Sequence[int]],
     return np.add.reduceat(summed, row_starts, axis=-2) / sizes[:, None]
 
 
-def membership_of(groups: Sequence[Sequence[int]], n_pieces: int) -> np.ndarray:
-    """A partition as a membership matrix (P, W) of zeros and ones."""
+def membership_of(groups: Pieces, n_pieces: int) -> np.ndarray:
+    """A partition as a membership matrix (P, W) of zeros and ones; a membership matrix as it is."""
+    if isinstance(groups, np.ndarray):
+        return groups
     matrix = np.zeros((n_pieces, len(groups)))
     for w, group in enumerate(groups):
         matrix[list(group), w] = 1.0
@@ -95,10 +97,7 @@ def merge(weights: np.ndarray, rows: Pieces, cols: Pieces) -> np.ndarray:
     weights = np.asarray(weights, dtype=np.float64)
     if not isinstance(rows, np.ndarray) and not isinstance(cols, np.ndarray):
         return merge_groups(weights, rows, cols)
-    if not isinstance(rows, np.ndarray):
-        rows = membership_of(rows, weights.shape[-2])
-    if not isinstance(cols, np.ndarray):
-        cols = membership_of(cols, weights.shape[-1])
+    rows, cols = membership_of(rows, weights.shape[-2]), membership_of(cols, weights.shape[-1])
     summed = weights @ cols  # (..., T, Ws)
     share = rows.sum(0)  # (Wt,) how many pieces' worth each row word holds
     return np.swapaxes(np.swapaxes(summed, -1, -2) @ rows, -1, -2) / np.where(share > 0, share, 1)[:, None]

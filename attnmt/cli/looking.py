@@ -136,7 +136,7 @@ def _explore(translator, cfg, lines, limit, html: Path, tgt: Path | None, gold: 
              one_based: bool, kinds) -> None:
     """``plot --html``: read the sources (and targets, gold), write the explorer page."""
     from ..alignment import read_gold
-    from ..attention_maps import explore
+    from ..attention_maps import default_align_options, explore
     from ..data import read_lines
 
     sources = list(itertools.islice(lines, limit))
@@ -150,7 +150,7 @@ def _explore(translator, cfg, lines, limit, html: Path, tgt: Path | None, gold: 
                             + (f" (--limit {limit})" if limit else ""))
     gold_links = read_gold(gold, len(sources), tgt, one_based, limit) if gold is not None else None
     started = time.perf_counter()
-    done = explore(translator, sources, html, targets, kinds, align_options(cfg), gold_links,
+    done = explore(translator, sources, html, targets, kinds, default_align_options(cfg), gold_links,
                    f"attnmt: {html.stem}")
     seconds = time.perf_counter() - started
     typer.echo(f"wrote {html} ({done.bytes / 1024:,.0f} KB): {done.sentences} sentence(s) in {seconds:.1f} s")
@@ -167,12 +167,17 @@ def layer_and_heads(cfg, layer: Layer | None = None, heads: Heads | None = None)
     return layer, heads
 
 
-def align_options(cfg):
-    """The ``AlignOptions`` ``align`` uses by default for this model."""
+def _reading(cfg, layer: Layer | None, heads: Heads | None, which: str = "", **options):
+    """(layer, heads, ``AlignOptions``) of one model for ``align``: the layer and heads given, else the
+    model's defaults (``layer_and_heads``), checked against the model; ``which`` names it in messages."""
     from ..alignment import AlignOptions
+    from ..models import attention_layout
 
-    layer, heads = layer_and_heads(cfg)
-    return AlignOptions(layer.index, heads.indices)
+    layer, heads = layer_and_heads(cfg, layer, heads)
+    n_layers, n_heads = attention_layout(cfg.model)
+    layer.check(n_layers["cross"], which)
+    heads.check(n_heads, which)
+    return layer, heads, AlignOptions(layer.index, heads.indices, **options)
 
 
 @command()
@@ -230,9 +235,8 @@ def align(
     With --gold, print AER, precision and recall (Och & Ney 2003); the alignments are then written
     only with --output.
     """
-    from ..alignment import AlignOptions, alignment_scores, format_pharaoh, read_gold
+    from ..alignment import alignment_scores, format_pharaoh, read_gold
     from ..attention_maps import align_corpus
-    from ..models import attention_layout
     from ..runfiles import atomic_write_text
     from .reporting import print_alignment_score
 
@@ -250,13 +254,10 @@ def align(
     sources, targets = read_pairs(src, tgt)
     gold_links = read_gold(gold, len(sources), src, one_based) if gold is not None else None
     translator, cfg, _ = open_translator(model, device, beam_size)
-    n_layers, n_heads = attention_layout(cfg.model)
+    reading = {"shift": shift, "method": method.value, "threshold": threshold, "symmetrize": symmetrization,
+               "words": word_rule.value}
     given_layer, given_heads = layer, heads
-    layer, heads = layer_and_heads(cfg, given_layer, given_heads)
-    layer.check(n_layers["cross"])
-    heads.check(n_heads)
-    options = AlignOptions(layer.index, heads.indices, shift, method.value, threshold, symmetrization,
-                           word_rule.value)
+    layer, heads, options = _reading(cfg, given_layer, given_heads, **reading)
     back, back_options = None, None
     if reverse is not None:
         back, back_cfg, _ = open_translator(reverse, device, beam_size)
@@ -267,12 +268,7 @@ def align(
                               f"reverse of {model} ({'->'.join(forward_pair)}) is "
                               f"{'->'.join(forward_pair[::-1])}")
         # Each model is read with its own defaults (a guided model at the head it was taught).
-        back_layer, back_heads = layer_and_heads(back_cfg, given_layer, given_heads)
-        back_n_layers, back_n_heads = attention_layout(back_cfg.model)
-        back_layer.check(back_n_layers["cross"], "--reverse ")
-        back_heads.check(back_n_heads, "--reverse ")
-        back_options = AlignOptions(back_layer.index, back_heads.indices, shift, method.value, threshold,
-                                    symmetrization, word_rule.value)
+        back_options = _reading(back_cfg, given_layer, given_heads, "--reverse ", **reading)[2]
     if targets is None:  # the model's own translations, kept (--hyp-out) before the alignment's work
         targets = translator.best(sources)
         if hyp_out is not None:
