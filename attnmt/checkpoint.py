@@ -35,7 +35,7 @@ from torch.torch_version import TorchVersion
 from . import __version__
 from .errors import CheckpointError, ConfigError, DataError, DivergedError, ResourceError
 from .faults import NO_FAULTS, Faults
-from .runfiles import RunDir, atomic_write_bytes, atomic_write_text, fsync_dir
+from .runfiles import EXPORT_MANIFEST, RunDir, atomic_write_bytes, atomic_write_text, fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -189,6 +189,9 @@ def resolve_model_path(model: Path) -> Path:
         return model
     if not model.exists():
         raise CheckpointError(f"{model}: no such checkpoint or run folder")
+    if (model / EXPORT_MANIFEST).exists():
+        raise CheckpointError(f"{model}: a CTranslate2 export, which only translate and eval read; give the "
+                              "checkpoint it was exported from")
     run = RunDir(model)
     for name in ("best", "latest"):
         pointer = read_pointer(run, name)

@@ -28,6 +28,9 @@ from pathlib import Path
 
 from .errors import ResourceError
 
+# The file that marks a folder as a CTranslate2 export written by ``attnmt export`` (``ctranslate.py``).
+EXPORT_MANIFEST = "attnmt-export.json"
+
 
 @dataclass(frozen=True)
 class RunDir:

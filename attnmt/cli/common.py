@@ -73,7 +73,8 @@ def open_translator(model_path: Path, device: Device = Device.auto, beam_size: i
     process keeps freed memory for reuse (``runtime.py``), as every decoding command does. With
     ``sampling`` (``decode.Sampling``), ``nbest`` samples per source instead of a search. ``ensemble``:
     more models, with the same tokenizer (else a CheckpointError), averaged step by step with MODEL
-    (``models.Ensemble``); MODEL's decode settings apply."""
+    (``models.Ensemble``); MODEL's decode settings apply. A folder ``attnmt export`` wrote decodes through
+    CTranslate2 (``open_export``)."""
     from .. import checkpoint, fastpath
     from ..distributed import choose_device
     from ..runtime import keep_freed_memory
@@ -81,6 +82,10 @@ def open_translator(model_path: Path, device: Device = Device.auto, beam_size: i
 
     dev = choose_device(device, "--device")
     keep_freed_memory()  # decoding reuses the same large blocks every step
+    from ..ctranslate import is_export
+
+    if is_export(model_path):
+        return open_export(model_path, dev, beam_size, nbest, length_penalty, max_tokens, sampling, ensemble)
     model, tokenizer, cfg, path = checkpoint.load_model(model_path, dev)
     fastpath.apply(model)
     if ensemble:
@@ -99,6 +104,23 @@ def open_translator(model_path: Path, device: Device = Device.auto, beam_size: i
     decode = with_overrides(cfg.decode, tokenizer.tgt_vocab_size, nbest if sampling else beam_size, nbest,
                             length_penalty, max_tokens)
     return Translator(model, tokenizer, decode, dev, sampling), cfg, path
+
+
+def open_export(folder: Path, dev, beam_size: int | None, nbest: int, length_penalty: float | None,
+                max_tokens: int | None, sampling, ensemble: list[Path] | None):
+    """``open_translator`` for a folder ``attnmt export`` wrote: the model's decode settings with the same
+    overrides, CTranslate2's search."""
+    from ..ctranslate import Ct2Translator, read_export
+    from ..translator import with_overrides
+
+    if ensemble:
+        raise ConfigError(f"--ensemble: {folder} is a CTranslate2 export, which decodes alone; ensemble the "
+                          "checkpoints instead")
+    export = read_export(folder)
+    _, cfg, tokenizer = export
+    decode = with_overrides(cfg.decode, tokenizer.tgt_vocab_size, nbest if sampling else beam_size, nbest,
+                            length_penalty, max_tokens)
+    return Ct2Translator(folder, decode, dev, sampling, export=export), cfg, Path(folder)
 
 
 class FileProgress:

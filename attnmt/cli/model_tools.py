@@ -1,4 +1,4 @@
-"""Commands on trained models and configs: ``average`` and ``info``."""
+"""Commands on trained models and configs: ``average``, ``export`` and ``info``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import typer
 
 from ..errors import ConfigError
 from .app import command
-from .options import SetOpt
+from .options import ExportFormat, ModelArg, Quantization, SetOpt
 
 
 @command()
@@ -66,3 +66,21 @@ def info(
     table.add_row("[bold]total[/bold]", f"[bold]{total:,}[/bold]", "100.0%")
     console.print(table)
     console.print(str(model), markup=False, highlight=False)
+
+
+@command()
+def export(
+    model: ModelArg,
+    out: Annotated[Path, typer.Argument(help="The folder to write (new, or empty).", show_default=False)],
+    to: Annotated[ExportFormat, typer.Option("--to", help="The inference engine.")] = (
+        ExportFormat.ctranslate2),
+    quantization: Annotated[Quantization, typer.Option(
+        "--quantization", help="How the engine stores the weights (int8: 8-bit weights and int8 products, "
+        "the fastest on CPU).")] = Quantization.float32,
+) -> None:
+    """Export a Transformer checkpoint for CTranslate2, with its sentencepiece models: translate and eval
+    then accept OUT in place of MODEL (needs the ct2 extra: pip install 'attnmt[ct2]')."""
+    from ..ctranslate import export_ctranslate2
+
+    manifest = export_ctranslate2(model, out, quantization.value)
+    typer.echo(f"exported {manifest['checkpoint']} to {out} ({to.value}, {quantization.value})")

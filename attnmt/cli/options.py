@@ -16,8 +16,8 @@ import typer
 from ..choices import METRICS, Device
 from ..errors import ConfigError
 
-__all__ = ["AlignMethod", "Device", "FigureFormat", "Heads", "Layer", "Metrics", "Symmetrization",
-           "WordRule"]
+__all__ = ["AlignMethod", "Device", "ExportFormat", "FigureFormat", "Heads", "Layer", "Metrics",
+           "Quantization", "Symmetrization", "WordRule"]
 
 
 class AlignMethod(str, Enum):
@@ -52,6 +52,20 @@ class ToyLanguage(str, Enum):
 
     de = "de"
     zh = "zh"
+
+
+class ExportFormat(str, Enum):
+    """``export --to``: the inference engine to export for."""
+
+    ctranslate2 = "ctranslate2"
+
+
+class Quantization(str, Enum):
+    """``export --quantization``: how CTranslate2 stores the weights (``ctranslate.QUANTIZATIONS``)."""
+
+    float32 = "float32"
+    int8_float32 = "int8_float32"
+    int8 = "int8"
 
 
 class FigureFormat(str, Enum):

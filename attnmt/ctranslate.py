@@ -1,0 +1,395 @@
+"""CTranslate2 (an optional extra, ``attnmt[ct2]``): a Transformer checkpoint exported as a CTranslate2
+model through CTranslate2's own model-spec API, and ``Ct2Translator``, which decodes with such a folder
+behind ``Translator``'s interface.
+
+Letters: D d_model, V vocabulary, L layers.
+
+An exported folder holds what CTranslate2 writes (``model.bin``, ``config.json``, the vocabularies),
+the run's sentencepiece models with their ``tokenizer.json`` (as a run folder's ``tokenizer/`` does),
+and ``attnmt-export.json``: what was exported (the checkpoint's config, the quantization, the sha256 of
+``model.bin``), which is how ``translate`` and ``eval`` recognise the folder and check it is whole.
+
+The weights map one to one; three things are made explicit because CTranslate2's defaults differ:
+attnmt's sinusoid interleaves sin and cos (CTranslate2's own puts the halves side by side), so the
+position table is written out; LayerNorm's epsilon is torch's 1e-5; the source gets its EOS through
+``add_source_eos``. The search is CTranslate2's: with ``length_penalty`` 0 and outputs that end before
+the length limit its greedy and beam outputs are attnmt's token for token (``tests/test_ctranslate.py``).
+Where they differ: CTranslate2 normalises a beam's score by ``length ** alpha``, not GNMT's
+``((5 + length) / 6) ** alpha``, and at the length limit it stops without scoring a forced EOS.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from .batching import token_batches
+from .config import Config, config_from_dict
+from .data import clean
+from .decode import Hypothesis, Sampling, check_search_settings
+from .errors import CheckpointError, ConfigError, ResourceError
+from .runfiles import EXPORT_MANIFEST, fsync_dir
+from .tokenizer import BOS_ID, META_FILE, PAD_ID, Tokenizer, load_tokenizer
+from .translator import Scored, Translator
+
+FORMAT = "attnmt-ctranslate2"
+VERSION = 1
+QUANTIZATIONS = ("float32", "int8_float32", "int8")
+# What CTranslate2 writes besides the vocabularies.
+CT2_FILES = ("model.bin", "config.json")
+
+
+def _ctranslate2():
+    try:
+        import ctranslate2
+    except ImportError:
+        raise ConfigError("CTranslate2 is not installed: pip install 'attnmt[ct2]' "
+                          "(or pip install ctranslate2)") from None
+    return ctranslate2
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def is_export(path: Path) -> bool:
+    """A folder that looks like a CTranslate2 model (attnmt's export, or one from another tool), as
+    opposed to a run folder."""
+    path = Path(path)
+    return path.is_dir() and any((path / name).exists() for name in (EXPORT_MANIFEST, "model.bin"))
+
+
+# ------------------------------------------------------------------------------------------ export
+
+
+def _unsupported(cfg) -> str | None:
+    """Why a model config cannot run in CTranslate2, or None."""
+    if cfg.arch != "transformer":
+        return (f"model.arch is {cfg.arch}: CTranslate2 has no LSTM decoder, so only Transformer "
+                "checkpoints export")
+    if cfg.heads != "full":
+        return "model.heads is split (block-diagonal projections): CTranslate2 has full projections only"
+    for key in ("enc_kernel", "dec_kernel"):
+        if getattr(cfg, key) in ("linear", "sparse"):
+            return (f"model.{key} is {getattr(cfg, key)}: CTranslate2 computes softmax attention over every "
+                    "position only")
+    return None
+
+
+def _np(tensor: torch.Tensor):
+    return tensor.detach().to(torch.float32).cpu().contiguous().numpy()
+
+
+def _linear(spec, *layers: torch.nn.Linear) -> None:
+    """One CTranslate2 linear from one or more (fused along the outputs) torch linears."""
+    spec.weight = _np(torch.cat([layer.weight for layer in layers]))
+    if layers[0].bias is not None:
+        spec.bias = _np(torch.cat([layer.bias for layer in layers]))
+
+
+def _norm(spec, norm: torch.nn.LayerNorm) -> None:
+    spec.gamma, spec.beta = _np(norm.weight), _np(norm.bias)
+
+
+def _ffn(spec, ffn) -> None:
+    _linear(spec.linear_0, ffn[0])
+    _linear(spec.linear_1, ffn[3])
+
+
+def build_spec(model, cfg: Config, tokenizer: Tokenizer):
+    """The CTranslate2 ``TransformerSpec`` of a ``TransformerModel`` with its weights and vocabularies."""
+    ct2 = _ctranslate2()
+    from ctranslate2.specs import common_spec, transformer_spec
+
+    m = cfg.model
+    spec = transformer_spec.TransformerSpec.from_config(
+        (m.enc_layers, m.dec_layers), m.n_heads, pre_norm=m.norm == "pre",
+        activation=common_spec.Activation.RELU if m.activation == "relu" else common_spec.Activation.GELU)
+    del ct2
+    # Positions the folder must cover: the longest source (max_src_len pieces + EOS) and the longest output.
+    d = cfg.decode
+    rows = max(m.max_positions, d.max_src_len + 1, math.floor(d.max_len_a * d.max_src_len + d.max_len_b) + 2)
+    if m.positions == "learned":
+        table = model.positions.table.weight  # (max_positions, D): a learned model never goes past it
+    else:
+        table = model.positions(0, rows, torch.device("cpu"))  # (rows, D)
+    enc, dec = spec.encoder, spec.decoder
+    enc.embeddings[0].weight = _np(model.src_embed.weight)
+    dec.embeddings.weight = _np(model.tgt_embed.weight)
+    enc.position_encodings.encodings = _np(table)
+    dec.position_encodings.encodings = _np(table)
+    for layer_spec, layer in zip(enc.layer, model.encoder):
+        attn = layer.self_attn
+        _norm(layer_spec.self_attention.layer_norm, layer.sub_attn.norm)
+        _linear(layer_spec.self_attention.linear[0], attn.q_proj, attn.k_proj, attn.v_proj)
+        _linear(layer_spec.self_attention.linear[1], attn.out_proj)
+        _norm(layer_spec.ffn.layer_norm, layer.sub_ffn.norm)
+        _ffn(layer_spec.ffn, layer.ffn)
+    for layer_spec, layer in zip(dec.layer, model.decoder):
+        attn, cross = layer.self_attn, layer.cross_attn
+        _norm(layer_spec.self_attention.layer_norm, layer.sub_self.norm)
+        _linear(layer_spec.self_attention.linear[0], attn.q_proj, attn.k_proj, attn.v_proj)
+        _linear(layer_spec.self_attention.linear[1], attn.out_proj)
+        _norm(layer_spec.attention.layer_norm, layer.sub_cross.norm)
+        _linear(layer_spec.attention.linear[0], cross.q_proj)
+        _linear(layer_spec.attention.linear[1], cross.k_proj, cross.v_proj)
+        _linear(layer_spec.attention.linear[2], cross.out_proj)
+        _norm(layer_spec.ffn.layer_norm, layer.sub_ffn.norm)
+        _ffn(layer_spec.ffn, layer.ffn)
+    if m.norm == "pre":
+        _norm(enc.layer_norm, model.enc_norm)
+        _norm(dec.layer_norm, model.dec_norm)
+    dec.projection.weight = _np(model.output.weight)
+    spec.register_source_vocabulary(tokenizer.src_pieces(list(range(tokenizer.src_vocab_size))))
+    spec.register_target_vocabulary(tokenizer.tgt_pieces(list(range(tokenizer.tgt_vocab_size))))
+    spec.config.add_source_eos = True
+    spec.config.layer_norm_epsilon = 1e-5
+    return spec
+
+
+def export_ctranslate2(model_path: Path, out: Path, quantization: str = "float32") -> dict:
+    """Write MODEL (a checkpoint or run folder) as a CTranslate2 model folder ``out``; returns the
+    manifest. ``out`` must not exist or be an empty folder: the export is written beside it and moved
+    into place whole, so nothing there is lost and no half-written folder is left."""
+    from .checkpoint import load_model
+
+    if quantization not in QUANTIZATIONS:
+        raise ConfigError(f"--quantization {quantization}: expected one of {', '.join(QUANTIZATIONS)}")
+    out = Path(out)
+    if out.exists() and not (out.is_dir() and not any(out.iterdir())):
+        what = "a folder that is not empty" if out.is_dir() else "a file"
+        raise ConfigError(f"{out} is {what}; refusing to overwrite it (give a new folder)")
+    model, tokenizer, cfg, checkpoint = load_model(model_path, "cpu")
+    why = _unsupported(cfg.model)
+    if why is not None:
+        raise ConfigError(f"{checkpoint}: cannot export to CTranslate2: {why}")
+    _ctranslate2()
+    with torch.no_grad():
+        spec = build_spec(model, cfg, tokenizer)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    except OSError as e:
+        raise ResourceError(f"{out}: cannot write: {(e.strerror or type(e).__name__).lower()}") from None
+    try:
+        spec.validate()
+        spec.optimize(quantization=quantization)
+        spec.save(str(tmp))
+        for name, data in tokenizer.files().items():
+            (tmp / name).write_bytes(data)
+        (tmp / META_FILE).write_text(json.dumps(tokenizer.meta(), indent=2), encoding="utf-8")
+        manifest = {
+            "format": FORMAT,
+            "version": VERSION,
+            "quantization": quantization,
+            "checkpoint": str(checkpoint),
+            "model_sha256": sha256_file(tmp / "model.bin"),
+            "tokenizer": tokenizer.fingerprint(),
+            "config": cfg.to_dict(),
+        }
+        (tmp / EXPORT_MANIFEST).write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n",
+                                           encoding="utf-8")
+        for path in tmp.iterdir():
+            with open(path, "rb") as handle:
+                os.fsync(handle.fileno())
+        if out.exists():
+            out.rmdir()  # empty, checked above
+        os.replace(tmp, out)
+        fsync_dir(out.parent)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ResourceError(f"{out}: cannot write: {(e.strerror or type(e).__name__).lower()}") from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return manifest
+
+
+# ---------------------------------------------------------------------------------------- reading
+
+
+def read_export(folder: Path) -> tuple[dict, Config, Tokenizer]:
+    """An exported folder's manifest, config and tokenizer, checked: the manifest is attnmt's, every file
+    is there, ``model.bin`` is the one exported and the tokenizer is the checkpoint's (CheckpointError
+    naming the folder and what is wrong)."""
+    folder = Path(folder)
+    manifest_path = folder / EXPORT_MANIFEST
+    if not manifest_path.exists():
+        if (folder / "model.bin").exists():
+            raise CheckpointError(f"{folder}: a CTranslate2 model that attnmt did not export (no "
+                                  f"{EXPORT_MANIFEST}); attnmt reads the folders `attnmt export` writes")
+        raise CheckpointError(f"{folder}: not an attnmt export (no {EXPORT_MANIFEST})")
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        if not isinstance(manifest, dict):
+            raise ValueError("not an object")
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{manifest_path}: unreadable ({type(e).__name__})") from None
+    if manifest.get("format") != FORMAT:
+        raise CheckpointError(f"{manifest_path}: format is {manifest.get('format')!r}, expected {FORMAT!r}")
+    if manifest.get("version") != VERSION:
+        raise CheckpointError(f"{manifest_path}: version {manifest.get('version')!r} is not one this attnmt "
+                              f"reads ({VERSION}); export again")
+    vocabularies = (["shared_vocabulary.json"]
+                    if (folder / "shared_vocabulary.json").exists()
+                    else ["source_vocabulary.json", "target_vocabulary.json"])
+    for name in (*CT2_FILES, *vocabularies, META_FILE):
+        if not (folder / name).is_file():
+            raise CheckpointError(f"{folder}: incomplete export: {name} is missing")
+    if sha256_file(folder / "model.bin") != manifest.get("model_sha256"):
+        raise CheckpointError(f"{folder}/model.bin: not the file that was exported (sha256 differs); "
+                              "export again")
+    try:
+        cfg = config_from_dict(manifest.get("config"), source=f"{manifest_path} (its config)")
+    except ConfigError as e:
+        raise CheckpointError(f"{manifest_path}: its config is not valid for this attnmt: {e}") from None
+    fingerprint = manifest.get("tokenizer")
+    tokenizer = load_tokenizer(folder, fingerprint if isinstance(fingerprint, dict) else {})
+    return manifest, cfg, tokenizer
+
+
+def ct2_device(device: torch.device) -> str:
+    if device.type not in ("cpu", "cuda"):
+        raise ConfigError(f"--device {device.type}: CTranslate2 runs on cpu or cuda")
+    return device.type
+
+
+class Ct2Translator(Translator):
+    """``Translator`` over an exported folder (``export``: what ``read_export`` returned for it, if read
+    already): the same cleaning, encoding, cutting, batching and output as with the checkpoint,
+    CTranslate2's search. Hypothesis scores are sums of log-probabilities, EOS included: with
+    ``decode.nbest`` above 1 (when ``translate`` prints them) each hypothesis is scored again under
+    teacher forcing (``score_batch``), so they are attnmt's to the last digits; otherwise they are
+    CTranslate2's search scores times ``length ** alpha``, whose normaliser leaves out PAD and BOS."""
+
+    def __init__(self, folder: Path, decode, device: torch.device | str = "cpu",
+                 sampling: Sampling | None = None, threads: int | None = None,
+                 export: tuple[dict, Config, Tokenizer] | None = None) -> None:
+        manifest, cfg, tokenizer = export if export is not None else read_export(folder)
+        check_search_settings(max(decode.beam_size, decode.nbest) if sampling else decode.beam_size,
+                              decode.nbest, decode.length_penalty, decode.min_len)
+        ct2 = _ctranslate2()
+        self.folder, self.manifest, self.cfg = Path(folder), manifest, cfg
+        self.tokenizer, self.decode, self.sampling = tokenizer, decode, sampling
+        self.device, self.model = torch.device(device), None
+        threads = threads if threads is not None else torch.get_num_threads()
+        try:
+            self.engine = ct2.Translator(str(folder), device=ct2_device(self.device), compute_type="default",
+                                         inter_threads=1, intra_threads=threads)
+        except (RuntimeError, ValueError) as e:
+            raise CheckpointError(f"{folder}: CTranslate2 cannot load it: {str(e).splitlines()[0]}") from None
+        if sampling is not None:
+            ct2.set_random_seed(sampling.seed)
+        self._src_vocab = tokenizer.src_pieces(list(range(tokenizer.src_vocab_size)))
+        self._tgt_index = {piece: i for i, piece in
+                           enumerate(tokenizer.tgt_pieces(list(range(tokenizer.tgt_vocab_size))))}
+
+    def _options(self, beam: int, limit: int, suppress: bool) -> dict:
+        d = self.decode
+        options = dict(beam_size=beam, num_hypotheses=1 if self.sampling else d.nbest,
+                       length_penalty=d.length_penalty, max_decoding_length=limit,
+                       min_decoding_length=min(d.min_len, limit), max_input_length=0, return_scores=True,
+                       max_batch_size=0)
+        if suppress:
+            options["suppress_sequences"] = [["<pad>"], ["<s>"]]
+        if self.sampling is not None:
+            s = self.sampling
+            options.update(sampling_topk=s.top_k, sampling_topp=s.top_p, sampling_temperature=s.temperature)
+        return options
+
+    def _run(self, pieces: list[list[str]], limit: int, suppress: bool = False) -> list[list[Hypothesis]]:
+        beam = 1 if self.sampling else self.decode.beam_size
+        results = self.engine.translate_batch(pieces, **self._options(beam, limit, suppress))
+        alpha = self.decode.length_penalty
+        out = []
+        for result in results:
+            hyps = []
+            for tokens, score in zip(result.hypotheses, result.scores):
+                ids = [self._tgt_index[t] for t in tokens]
+                raw = score * len(ids) ** alpha if ids else score  # undo CTranslate2's length normalisation
+                hyps.append(Hypothesis(ids, float(raw)))
+            out.append(hyps)
+        return out
+
+    def search(self, src_ids: Sequence[Sequence[int]],
+               need_attention: bool = False) -> list[list[Hypothesis]]:
+        """Hypotheses for encoded sources, batched as ``Translator.search`` batches (sorted by length, one
+        token budget).
+
+        Two things are put right afterwards, sentence by sentence, by decoding the sentence again:
+        CTranslate2 takes one length limit per call, so a batch runs to the largest limit of its
+        sentences and an output that went past its own limit is redone with it (greedy outputs would only
+        need cutting; beam outputs could differ); and attnmt never outputs PAD or BOS but keeps their
+        probability in the normaliser, which CTranslate2 cannot do (``suppress_sequences`` renormalises
+        without them), so the search runs on the model's own distribution and only an output that holds
+        one of them is redone with them suppressed."""
+        if need_attention:
+            raise ConfigError("attention maps need the checkpoint: CTranslate2 exports translate only")
+        d = self.decode
+        n = d.nbest if self.sampling else 1
+        rows = 1 if self.sampling else d.beam_size
+        order = sorted(range(len(src_ids)), key=lambda i: len(src_ids[i]))
+        lengths = [len(ids) + 1 for ids in src_ids]  # + EOS
+        limits = [math.floor(max(length - 1, 0) * d.max_len_a + d.max_len_b) for length in lengths]
+        limits = [max(limit, 1) for limit in limits]  # as decode.max_output_lengths
+        pieces = [[self._src_vocab[i] for i in ids] for ids in src_ids]
+        results: list[list[Hypothesis]] = [[] for _ in src_ids]
+
+        def decode(group: list[int], limit: int, suppress: bool) -> None:
+            todo = [i for i in group for _ in range(n)]
+            found = self._run([pieces[i] for i in todo], limit, suppress)
+            for k, i in enumerate(group):
+                results[i] = [h for hyps in found[k * n:(k + 1) * n] for h in hyps]
+
+        for chunk in token_batches(lengths, order, d.max_tokens, rows_per_example=rows * n):
+            decode(chunk, max(limits[i] for i in chunk), False)
+        redo: dict[tuple[int, bool], list[int]] = {}
+        for i, hyps in enumerate(results):
+            banned = any(t in (PAD_ID, BOS_ID) for h in hyps for t in h.tokens)
+            if banned or any(len(h.tokens) > limits[i] for h in hyps):
+                redo.setdefault((limits[i], banned), []).append(i)
+        for (limit, banned), group in redo.items():
+            decode(group, limit, banned)
+        if d.nbest > 1:
+            self._rescore(pieces, results)
+        return results
+
+    def _rescore(self, pieces: list[list[str]], results: list[list[Hypothesis]]) -> None:
+        """Each hypothesis's score replaced by its log-probability under teacher forcing, EOS included."""
+        pairs = [(i, h) for i, hyps in enumerate(results) for h in hyps]
+        if not pairs:
+            return
+        scored = self.engine.score_batch([pieces[i] for i, _ in pairs],
+                                         [self.tokenizer.tgt_pieces(h.tokens) for _, h in pairs],
+                                         max_batch_size=max(1, self.decode.max_tokens // 64),
+                                         max_input_length=0)
+        for (_, h), result in zip(pairs, scored):
+            h.score = float(sum(result.log_probs))
+
+    def score(self, sources: Sequence[str], targets: Sequence[str]) -> list[Scored]:
+        """As ``Translator.score``, through CTranslate2's ``score_batch``."""
+        from .decode import gnmt_penalty
+
+        src_ids = [ids[: self.decode.max_src_len]
+                   for ids in self.tokenizer.encode_src([clean(s) for s in sources])] if sources else []
+        tgt_ids = self.tokenizer.encode_tgt([clean(t) for t in targets]) if targets else []
+        src = [[self._src_vocab[i] for i in ids] for ids in src_ids]
+        tgt = [self.tokenizer.tgt_pieces(ids) for ids in tgt_ids]
+        out = []
+        for result, ids in zip(self.engine.score_batch(src, tgt, max_input_length=0), tgt_ids):
+            total, n = float(sum(result.log_probs)), len(ids) + 1  # EOS included
+            out.append(Scored(total, n, total / gnmt_penalty(n, self.decode.length_penalty)))
+        return out
+
