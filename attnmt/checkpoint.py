@@ -373,6 +373,16 @@ def model_spec(target: Path, overrides: list[str] | None = None) -> ModelSpec:
         cfg = config_from_dict(payload["config"], source=f"{target} (its config)", overrides=overrides or [])
         sizes = payload["fingerprint"]["tokenizer"]
         return ModelSpec(cfg, sizes["src_vocab_size"], sizes["tgt_vocab_size"], "the checkpoint's tokenizer")
+    if target.is_dir() and (target / EXPORT_MANIFEST).is_file():  # attnmt export's folder
+        try:
+            manifest = json.loads((target / EXPORT_MANIFEST).read_text(encoding="utf-8"))
+            data, sizes = manifest["config"], manifest["tokenizer"]
+            src_size, tgt_size = int(sizes["src_vocab_size"]), int(sizes["tgt_vocab_size"])
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise CheckpointError(f"{target / EXPORT_MANIFEST}: unreadable ({type(e).__name__})") from None
+        cfg = config_from_dict(data, source=f"{target / EXPORT_MANIFEST} (its config)",
+                               overrides=overrides or [])
+        return ModelSpec(cfg, src_size, tgt_size, "the export's tokenizer")
     if target.is_dir():
         run = RunDir(target)
         cfg = load_config(run.config, overrides or [])

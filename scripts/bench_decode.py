@@ -37,7 +37,10 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -50,31 +53,33 @@ def read_sources(path: Path) -> list[str]:
         return handle.read().split("\n")[:-1]
 
 
+def search_pass(model, id_batches, beam: int, **limits) -> int:
+    """One pass of attnmt's own search over ``id_batches``; returns the tokens generated (EOS left out)."""
+    from attnmt.batching import collate
+    from attnmt.decode import beam_search, greedy_search
+
+    generated = 0
+    for ids in id_batches:
+        batch = collate(ids)
+        if beam == 1:
+            hyps = [[h] for h in greedy_search(model, batch.src, batch.src_mask, **limits)]
+        else:
+            hyps = beam_search(model, batch.src, batch.src_mask, beam_size=beam, nbest=1,
+                               length_penalty=1.0, **limits)
+        generated += sum(len(h[0].tokens) for h in hyps)
+    return generated
+
+
 def time_search(model, id_batches, beam: int, runs: int, **limits) -> dict:
     """Median seconds of a full pass over ``id_batches`` (file-order batches), after one warm-up batch."""
     import torch
 
-    from attnmt.batching import collate
-    from attnmt.decode import beam_search, greedy_search
-
-    def one_pass(batches) -> int:
-        generated = 0
-        for ids in batches:
-            batch = collate(ids)
-            if beam == 1:
-                hyps = [[h] for h in greedy_search(model, batch.src, batch.src_mask, **limits)]
-            else:
-                hyps = beam_search(model, batch.src, batch.src_mask, beam_size=beam, nbest=1,
-                                   length_penalty=1.0, **limits)
-            generated += sum(len(h[0].tokens) for h in hyps)
-        return generated
-
     with torch.inference_mode():
-        one_pass(id_batches[:1])
+        search_pass(model, id_batches[:1], beam, **limits)
         times, generated = [], 0
         for _ in range(runs):
             start = time.perf_counter()
-            generated = one_pass(id_batches)
+            generated = search_pass(model, id_batches, beam, **limits)
             times.append(time.perf_counter() - start)
     n = sum(len(b) for b in id_batches)
     median = statistics.median(times)
@@ -103,7 +108,21 @@ def trained(paths: list[Path], runs: int, batch_size: int) -> list[dict]:
     return rows
 
 
-def equal_work(runs: int, batch_size: int, length: int) -> list[dict]:
+@dataclass
+class Work:
+    """The equal-work set-up (module docstring, part 2): the random-weight model, its config, the
+    tokenizer and the sentences, as text, as piece ids and as file-order batches of those ids."""
+
+    model: Any  # fastpath applied, as the decoding commands do
+    model_cfg: Any  # its config.TransformerConfig
+    state: dict  # its state dict, taken before the fast path (which leaves it as it is)
+    tokenizer: Any
+    lines: list[str]
+    ids: list[list[int]]
+    batches: list[list[list[int]]]
+
+
+def equal_work_setup(batch_size: int, limit: int | None = None) -> Work:
     import torch
 
     from attnmt import fastpath
@@ -116,23 +135,181 @@ def equal_work(runs: int, batch_size: int, length: int) -> list[dict]:
     cfg = TransformerConfig(arch="transformer", d_model=256, n_heads=4, enc_layers=3, dec_layers=3, d_ff=1024,
                             dropout=0.1, share_embeddings=True, tie_output=True)
     model = build_model(cfg, 8000, 8000).eval()
+    state = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
     fastpath.apply(model)  # as the decoding commands do
     tokenizer_dir = REPO / "runs" / "multi30k_de_en_transformer" / "tokenizer"
-    lines = read_sources(TEST_DE)
-    if tokenizer_dir.exists():
-        ids = load_tokenizer(tokenizer_dir).encode_src([clean(x) for x in lines])
-    else:  # any 8,000-piece segmentation of similar length does the same work
+    lines = read_sources(TEST_DE)[:limit]
+    if not tokenizer_dir.exists():  # any 8,000-piece segmentation of similar length does the same work
         sys.exit(f"no Multi30k tokenizer at {tokenizer_dir}: "
                  "run attnmt prepare configs/multi30k_de_en_transformer.yaml")
+    tokenizer = load_tokenizer(tokenizer_dir)
+    ids = tokenizer.encode_src([clean(x) for x in lines])
     batches = [ids[i : i + batch_size] for i in range(0, len(ids), batch_size)]
+    return Work(model, cfg, state, tokenizer, lines, ids, batches)
+
+
+def equal_work(runs: int, batch_size: int, length: int, limit: int | None = None) -> list[dict]:
+    work = equal_work_setup(batch_size, limit)
     rows = []
     for beam in (1, 5):
-        result = time_search(model, batches, beam, runs, max_len_a=0.0, max_len_b=length, min_len=length)
+        result = time_search(work.model, work.batches, beam, runs, max_len_a=0.0, max_len_b=length,
+                             min_len=length)
         # exactly `length` tokens, EOS forced after
-        assert result["gen_tokens"] == length * len(lines), result
+        assert result["gen_tokens"] == length * len(work.lines), result
         rows.append({"engine": "attnmt (random weights)", **result})
         print("RESULT " + json.dumps(rows[-1]), flush=True)
     return rows
+
+
+# ------------------------------------------------------------------------ --ct2: CTranslate2 rows
+
+OURS = "attnmt (random weights)"
+CT2_RAW = "CTranslate2 {} (raw)"
+CT2_OURS = "attnmt -> CTranslate2 {}"
+CLI_CT2 = "CLI: attnmt translate EXPORT int8"
+CLI_CKPT = "CLI: attnmt translate CKPT"
+
+
+@dataclass
+class Pass:
+    """One engine at one beam width: ``run(True)`` is a warm-up (the first batch), ``run(False)`` one
+    timed pass over all the sentences; both return the tokens generated."""
+
+    engine: str
+    beam: int
+    run: Callable[[bool], int]
+
+
+def random_checkpoint(work: Work, path: Path, length: int) -> None:
+    """The random-weight model as a checkpoint file at ``path``: what ``checkpoint.load_model`` reads
+    (config, tokenizer fingerprint and bytes, weights), with a decode section that forces ``length``
+    tokens (so that ``attnmt translate`` on it or on its export does the equal work), checked by loading
+    it back."""
+    import torch
+
+    from attnmt import __version__, checkpoint
+    from attnmt.config import config_from_dict
+
+    data = {
+        "data": {"src_lang": "de", "tgt_lang": "en", "train": {"src": str(TEST_DE), "tgt": str(TEST_DE)}},
+        "tokenizer": {"model_type": "unigram", "joint": True, "vocab_size": 8000},
+        "model": work.model_cfg.model_dump(mode="json"),
+        "train": {"run_dir": str(path.parent / "run")},
+        "decode": {"beam_size": 5, "nbest": 1, "length_penalty": 1.0, "min_len": length, "max_len_a": 0.0,
+                   "max_len_b": length},
+    }
+    cfg = config_from_dict(data, source="bench_decode.py (random weights)")
+    tokenizer = work.tokenizer
+    payload = {
+        "format": checkpoint.FORMAT,
+        "attnmt_version": __version__,
+        "torch_version": str(torch.__version__),
+        "model": work.state,
+        "optimizer": None, "schedule": None, "scaler": None,
+        "progress": {"step": 0},
+        "fingerprint": checkpoint.fingerprint(cfg, 1, tokenizer, []),
+        "config": cfg.to_dict(),
+        "tokenizer": {name: checkpoint.bytes_tensor(data) for name, data in tokenizer.files().items()},
+        "tokenizer_meta": tokenizer.meta(cfg.tokenizer.model_dump(mode="json")),
+    }  # fmt: skip
+    checkpoint.save_payload(payload, path)
+    loaded, loaded_tokenizer, loaded_cfg, _ = checkpoint.load_model(path)
+    theirs = loaded.state_dict()
+    assert theirs.keys() == work.state.keys(), sorted(theirs.keys() ^ work.state.keys())
+    assert all(torch.equal(theirs[k], v) for k, v in work.state.items()), "weights differ after loading"
+    assert loaded_tokenizer.fingerprint() == tokenizer.fingerprint()
+    assert loaded_cfg.decode.min_len == length and loaded_cfg.decode.max_len_b == length
+
+
+def ct2_raw_pass(translator, piece_batches, beam: int, length: int) -> int:
+    """One pass of CTranslate2's own ``translate_batch`` over the batches (source pieces without EOS:
+    the export's config adds it), every output forced to ``length`` tokens (checked)."""
+    generated = 0
+    for pieces in piece_batches:
+        results = translator.translate_batch(
+            pieces, beam_size=beam, max_batch_size=0, min_decoding_length=length, max_decoding_length=length,
+            return_end_token=True, length_penalty=1.0, max_input_length=0)
+        for result in results:
+            hyp = result.hypotheses[0]
+            assert len(hyp) == length and "</s>" not in hyp, (len(hyp), hyp[-3:])
+            generated += len(hyp)
+    return generated
+
+
+def ct2_passes(work: Work, tmp: Path, length: int, threads: int,
+               batch_size: int) -> tuple[list[Pass], Path, Path]:
+    """The CTranslate2 engines on the random weights: the checkpoint exported (float32, int8), each run
+    raw and through ``Ct2Translator``; returns them with the checkpoint and the int8 export's paths."""
+    import ctranslate2
+    import torch
+
+    from attnmt.batching import collate
+    from attnmt.ctranslate import Ct2Translator, export_ctranslate2, read_export
+    from attnmt.decode import greedy_search
+    from attnmt.translator import with_overrides
+
+    ckpt = tmp / "random.pt"
+    random_checkpoint(work, ckpt, length)
+    n = len(work.lines)
+    piece_batches = [[work.tokenizer.src_pieces(ids) for ids in batch] for batch in work.batches]
+    with torch.inference_mode():  # attnmt's greedy outputs on the first batch, to compare with the export's
+        first = collate(work.batches[0])
+        ours = [h.tokens for h in greedy_search(work.model, first.src, first.src_mask, max_len_a=0.0,
+                                                max_len_b=length, min_len=length)]
+    passes, folders = [], {}
+    for quantization in ("float32", "int8"):
+        folder = folders[quantization] = tmp / f"ct2_{quantization}"
+        start = time.perf_counter()
+        export_ctranslate2(ckpt, folder, quantization)
+        print(f"exported {quantization} in {time.perf_counter() - start:.1f}s", flush=True)
+        raw = ctranslate2.Translator(str(folder), device="cpu", compute_type="default",
+                                     intra_threads=threads, inter_threads=1)
+        _, cfg, _ = export = read_export(folder)
+        for beam in (1, 5):
+            passes.append(Pass(CT2_RAW.format(quantization), beam,
+                               lambda warm, raw=raw, beam=beam: ct2_raw_pass(
+                                   raw, piece_batches[:1] if warm else piece_batches, beam, length)))
+        for beam in (1, 5):
+            decode = with_overrides(cfg.decode, work.tokenizer.tgt_vocab_size, beam_size=beam, nbest=1)
+            assert (decode.min_len, decode.max_len_a, decode.max_len_b) == (length, 0.0, length), decode
+            translator = Ct2Translator(folder, decode, threads=threads, export=export)
+            # Outside the timing: every output has exactly `length` tokens, and how many sentences the
+            # wrapper decodes a second time (outputs holding PAD or BOS, or past their own limit).
+            decoded: list[int] = []
+            run = translator._run
+
+            def counted(pieces, *rest, run=run, decoded=decoded, **options):
+                decoded.append(len(pieces))
+                return run(pieces, *rest, **options)
+
+            translator._run = counted
+            hyps = translator.search(translator.encode(work.lines).ids)
+            del translator._run  # the class's again
+            assert all(len(h[0].tokens) == length for h in hyps), "an output is not exactly `length` tokens"
+            note = f"{quantization} beam {beam}: {sum(decoded) - n} of {n} sentences decoded again"
+            if beam == 1:
+                same = sum(h[0].tokens == t for h, t in zip(hyps, ours))
+                note += f"; greedy outputs identical to attnmt's on the first batch: {same}/{len(ours)}"
+            print(note, flush=True)
+
+            def wrapped(warm: bool, translator=translator) -> int:
+                todo = work.lines[:batch_size] if warm else work.lines
+                out = translator.translate(todo)
+                assert len(out) == len(todo) and all(t.outputs[0][0] for t in out)
+                return length * len(todo)  # checked above through .search
+
+            passes.append(Pass(CT2_OURS.format(quantization), beam, wrapped))
+    return passes, ckpt, folders["int8"]
+
+
+def cli_runs(ckpt: Path, export: Path, src: Path, threads: int) -> list[tuple[str, int, list[str]]]:
+    """``attnmt translate`` as a user runs it, start-up included: on the int8 export and on the
+    checkpoint, beam 1 and 5 (the decode section forces the equal work)."""
+    attnmt = Path(sys.executable).parent / "attnmt"
+    base = [str(attnmt)] if attnmt.exists() else [sys.executable, "-m", "attnmt"]
+    return [(name, beam, [*base, "translate", str(model), "-i", str(src), "-o", "/dev/null",
+                          "--beam-size", str(beam), "--device", "cpu"])
+            for name, model in ((CLI_CT2, export), (CLI_CKPT, ckpt)) for beam in (1, 5)]
 
 
 def parts(reps: int) -> list[dict]:
@@ -202,20 +379,81 @@ def peers(runs: int, batch_size: int, length: int, threads: int) -> list[dict]:
     return rows
 
 
-def interleaved(rounds: int, batch_size: int, length: int, threads: int) -> list[dict]:
-    """attnmt and the peers in alternation: each round times one pass of every engine (attnmt here,
-    then the peers' script with ``--runs 1``), so a slow spell on the shared machine falls on all of
-    them. Per engine: the median over rounds; per pair: the median of the per-round ratios."""
+def ratio_line(per_round: list[dict], beam: int, ours: str, theirs: str) -> None:
+    """``beam B: OURS / THEIRS = x`` from the per-round ratios of sentences/s (their median), and as JSON."""
+    if (ours, beam) not in per_round[0] or (theirs, beam) not in per_round[0]:
+        return
+    ratios = [found[(ours, beam)]["sents_per_s"] / found[(theirs, beam)]["sents_per_s"]
+              for found in per_round]
+    print(f"beam {beam}: {ours} / {theirs} = {statistics.median(ratios):.2f}x "
+          f"(per round: {', '.join(f'{x:.2f}' for x in ratios)})")
+    print("RATIO " + json.dumps({"beam": beam, "numerator": ours, "denominator": theirs,
+                                 "ratio": round(statistics.median(ratios), 3),
+                                 "rounds": [round(x, 3) for x in ratios]}), flush=True)
+
+
+def interleaved(rounds: int, batch_size: int, length: int, threads: int, with_peers: bool = True,
+                ct2: bool = False, cli: bool = False, limit: int | None = None) -> list[dict]:
+    """attnmt and the other engines in alternation: each round times one pass of every engine (attnmt
+    here; with ``ct2`` the CTranslate2 engines here too, in the reverse order every other round; then,
+    with ``with_peers``, the peers' script with ``--runs 1``), so a slow spell on the shared machine falls
+    on all of them. Each pass here follows a warm-up batch of its own. Per engine: the median over rounds;
+    per pair: the median of the per-round ratios. With ``cli``: ``attnmt translate`` in a fresh process
+    each round too, timed as wall seconds, start-up included."""
+    import tempfile
+
+    import torch
+
+    work = equal_work_setup(batch_size, limit)
+    n = len(work.lines)
+    limits = {"max_len_a": 0.0, "max_len_b": length, "min_len": length}
+
+    def ours(warm: bool, beam: int) -> int:
+        with torch.inference_mode():
+            generated = search_pass(work.model, work.batches[:1] if warm else work.batches, beam, **limits)
+        assert warm or generated == length * n, generated  # exactly `length` tokens, EOS forced after
+        return generated
+
+    passes = [Pass(OURS, beam, lambda warm, beam=beam: ours(warm, beam)) for beam in (1, 5)]
     per_round: list[dict[tuple[str, int], dict]] = []
-    for r in range(rounds):
-        found = {(row["engine"], row["beam"]): row for row in equal_work(1, batch_size, length)}
-        theirs = peers(1, batch_size, length, threads)
-        if not theirs:
-            sys.exit("peers failed: see above")
-        found.update({(row["engine"], row["beam"]): row for row in theirs})
-        per_round.append(found)
-        print(f"round {r + 1}/{rounds}: "
-              + ", ".join(f"{e} b{b} {row['sents_per_s']}" for (e, b), row in found.items()), flush=True)
+    cli_walls: list[dict[tuple[str, int], float]] = []
+    with tempfile.TemporaryDirectory(prefix="attnmt-bench-ct2-") as tmp:
+        commands = []
+        if ct2:
+            more, ckpt, int8 = ct2_passes(work, Path(tmp), length, threads, batch_size)
+            passes += more
+            if cli:
+                src = Path(tmp) / "src.de"
+                src.write_text("".join(line + "\n" for line in work.lines), encoding="utf-8")
+                commands = cli_runs(ckpt, int8, src, threads)
+        for r in range(rounds):
+            found = {}
+            for p in passes if r % 2 == 0 else passes[::-1]:
+                p.run(True)
+                start = time.perf_counter()
+                generated = p.run(False)
+                seconds = time.perf_counter() - start
+                found[(p.engine, p.beam)] = {
+                    "engine": p.engine, "beam": p.beam, "median_s": round(seconds, 3),
+                    "sents_per_s": round(n / seconds, 1), "gen_tokens_per_s": round(generated / seconds, 1)}
+            walls = {}
+            for name, beam, command in commands if r % 2 == 0 else commands[::-1]:
+                start = time.perf_counter()
+                out = subprocess.run(command, capture_output=True, text=True,
+                                     env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+                walls[(name, beam)] = time.perf_counter() - start
+                if out.returncode:
+                    sys.exit(f"{' '.join(command)} failed ({out.returncode}):\n{out.stderr[-2000:]}")
+            cli_walls.append(walls)
+            if with_peers:
+                theirs = peers(1, batch_size, length, threads)
+                if not theirs:
+                    sys.exit("peers failed: see above")
+                found.update({(row["engine"], row["beam"]): row for row in theirs})
+            per_round.append({key: found[key] for key in sorted(found, key=lambda k: (k[1], k[0] != OURS))})
+            print(f"round {r + 1}/{rounds}: "
+                  + ", ".join(f"{e} b{b} {row['sents_per_s']}" for (e, b), row in per_round[-1].items())
+                  + "".join(f", {e} b{b} {s:.2f}s" for (e, b), s in walls.items()), flush=True)
     rows = []
     for key in per_round[0]:
         rates = [found[key]["sents_per_s"] for found in per_round]
@@ -226,15 +464,28 @@ def interleaved(rounds: int, batch_size: int, length: int, threads: int) -> list
                      "median_s": statistics.median(found[key]["median_s"] for found in per_round),
                      "rounds_sents_per_s": rates})
         print("RESULT " + json.dumps(rows[-1]), flush=True)
-    ours = "attnmt (random weights)"
     for beam in (1, 5):
-        for engine, b in per_round[0]:
-            if b != beam or engine == ours:
-                continue
-            ratios = [found[(ours, beam)]["sents_per_s"] / found[(engine, beam)]["sents_per_s"]
-                      for found in per_round]
-            print(f"beam {beam}: attnmt / {engine} = {statistics.median(ratios):.2f}x "
-                  f"(per round: {', '.join(f'{x:.2f}' for x in ratios)})")
+        if with_peers:
+            for engine, b in per_round[0]:
+                if b == beam and engine != OURS and not engine.startswith(("CTranslate2 ", "attnmt -> ")):
+                    ratio_line(per_round, beam, OURS, engine)
+        if ct2:
+            ratio_line(per_round, beam, OURS, CT2_RAW.format("float32"))
+            ratio_line(per_round, beam, CT2_OURS.format("int8"), CT2_RAW.format("int8"))
+            ratio_line(per_round, beam, CT2_OURS.format("float32"), CT2_RAW.format("float32"))
+            if with_peers:  # this export against the peers' conversion of their own random model
+                ratio_line(per_round, beam, CT2_RAW.format("float32"), "ct2_float32")
+                ratio_line(per_round, beam, CT2_RAW.format("int8"), "ct2_int8")
+    if commands:
+        print(f"\nattnmt translate MODEL -i FILE -o /dev/null --beam-size B, {n} sentences, "
+              f"OMP_NUM_THREADS={threads}: wall seconds, start-up included (median of {rounds})")
+        for name, beam, command in commands:
+            walls = [w[(name, beam)] for w in cli_walls]
+            row = {"engine": name, "beam": beam, "wall_s": round(statistics.median(walls), 3),
+                   "sents_per_s_with_startup": round(n / statistics.median(walls), 1),
+                   "rounds_wall_s": [round(w, 3) for w in walls], "command": " ".join(command[1:])}
+            print(f"{name:<44}{beam:>5}{row['wall_s']:>9.2f}s{row['sents_per_s_with_startup']:>9.1f} sent/s")
+            print("CLI " + json.dumps(row), flush=True)
     return rows
 
 
@@ -292,6 +543,12 @@ def main() -> None:
     ap.add_argument("--equal-work", action="store_true")
     ap.add_argument("--peers", action="store_true",
                     help="with --equal-work: also HF generate and CTranslate2")
+    ap.add_argument("--ct2", action="store_true",
+                    help="with --equal-work: CTranslate2 on the same random weights, raw and through attnmt")
+    ap.add_argument("--cli", action="store_true",
+                    help="with --ct2: also `attnmt translate` on the export and the checkpoint, "
+                    "start-up included")
+    ap.add_argument("--limit", type=int, help=argparse.SUPPRESS)  # first N sentences (smoke runs)
     ap.add_argument("--parts", action="store_true", help="the decoder's pieces against what they replace")
     ap.add_argument("--against", metavar="REV",
                     help="with --equal-work: this tree against commit REV, alternating rounds")
@@ -301,6 +558,12 @@ def main() -> None:
     ap.add_argument("--length", type=int, default=30)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
+    if (args.ct2 or args.limit) and not args.equal_work:
+        ap.error("--ct2 and --limit go with --equal-work")
+    if args.cli and not args.ct2:
+        ap.error("--cli goes with --ct2")
+    if args.limit and (args.peers or args.against):
+        ap.error("--limit: the peers and --against always do all the sentences")
 
     import torch
 
@@ -318,10 +581,11 @@ def main() -> None:
         against(args.against, args.runs, args.threads)
         return
     rows = trained(args.models, args.runs, args.batch_size) if args.models else []
-    if args.equal_work and not args.peers:
-        rows += equal_work(args.runs, args.batch_size, args.length)
-    if args.equal_work and args.peers:
-        rows += interleaved(args.runs, args.batch_size, args.length, args.threads)
+    if args.equal_work and not (args.peers or args.ct2):
+        rows += equal_work(args.runs, args.batch_size, args.length, args.limit)
+    if args.equal_work and (args.peers or args.ct2):
+        rows += interleaved(args.runs, args.batch_size, args.length, args.threads, args.peers, args.ct2,
+                            args.cli, args.limit)
     if not rows:
         return
     print(f"\n{'engine':<44}{'beam':>5}{'sent/s':>9}{'tok/s':>10}{'median s':>10}")

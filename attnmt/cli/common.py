@@ -67,14 +67,15 @@ def refuse_overwrite(flag: str, output: Path | None, inputs: list[Path | None]) 
 
 def open_translator(model_path: Path, device: Device = Device.auto, beam_size: int | None = None,
                     nbest: int = 1, length_penalty: float | None = None, max_tokens: int | None = None,
-                    sampling=None, ensemble: list[Path] | None = None):
+                    sampling=None, ensemble: list[Path] | None = None, exports: bool = True):
     """Load MODEL for decoding: (Translator, config, checkpoint path). Decode settings are the model's
     ``decode`` section with these overrides; the model gets the CPU fast path (``fastpath.py``) and the
     process keeps freed memory for reuse (``runtime.py``), as every decoding command does. With
     ``sampling`` (``decode.Sampling``), ``nbest`` samples per source instead of a search. ``ensemble``:
     more models, with the same tokenizer (else a CheckpointError), averaged step by step with MODEL
     (``models.Ensemble``); MODEL's decode settings apply. A folder ``attnmt export`` wrote decodes through
-    CTranslate2 (``open_export``)."""
+    CTranslate2 (``open_export``) unless ``exports`` is False (commands that read the attention: a
+    CheckpointError then)."""
     from .. import checkpoint, fastpath
     from ..distributed import choose_device
     from ..runtime import keep_freed_memory
@@ -84,7 +85,7 @@ def open_translator(model_path: Path, device: Device = Device.auto, beam_size: i
     keep_freed_memory()  # decoding reuses the same large blocks every step
     from ..ctranslate import is_export
 
-    if is_export(model_path):
+    if is_export(model_path) and exports:
         return open_export(model_path, dev, beam_size, nbest, length_penalty, max_tokens, sampling, ensemble)
     model, tokenizer, cfg, path = checkpoint.load_model(model_path, dev)
     fastpath.apply(model)

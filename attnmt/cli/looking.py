@@ -109,7 +109,7 @@ def plot(
     if html is not None:
         refuse_overwrite("--html", html, [input_, tgt, gold, model])
     lines = sentences_or_input(sentences, input_)
-    translator, cfg, _ = open_translator(model, device, beam_size)
+    translator, cfg, _ = open_translator(model, device, beam_size, exports=False)
     n_layers, n_heads = attention_layout(cfg.model)
     if self_ and "enc_self" not in n_layers:
         raise ConfigError(f"--self: a {cfg.model.arch} model has no self-attention to draw")
@@ -253,14 +253,14 @@ def align(
         refuse_overwrite(flag, path, [src, tgt, gold, model, reverse])
     sources, targets = read_pairs(src, tgt)
     gold_links = read_gold(gold, len(sources), src, one_based) if gold is not None else None
-    translator, cfg, _ = open_translator(model, device, beam_size)
+    translator, cfg, _ = open_translator(model, device, beam_size, exports=False)
     reading = {"shift": shift, "method": method.value, "threshold": threshold, "symmetrize": symmetrization,
                "words": word_rule.value}
     given_layer, given_heads = layer, heads
     layer, heads, options = _reading(cfg, given_layer, given_heads, **reading)
     back, back_options = None, None
     if reverse is not None:
-        back, back_cfg, _ = open_translator(reverse, device, beam_size)
+        back, back_cfg, _ = open_translator(reverse, device, beam_size, exports=False)
         forward_pair, backward_pair = (cfg.data.src_lang, cfg.data.tgt_lang), (back_cfg.data.src_lang,
                                                                               back_cfg.data.tgt_lang)
         if backward_pair != forward_pair[::-1]:
