@@ -360,8 +360,10 @@ class Ct2Translator(Translator):
             banned = any(t in (PAD_ID, BOS_ID) for h in hyps for t in h.tokens)
             if banned or any(len(h.tokens) > limits[i] for h in hyps):
                 redo.setdefault((limits[i], banned), []).append(i)
-        for (limit, banned), group in redo.items():
-            decode(group, limit, banned)
+        for (limit, banned), group in redo.items():  # in batches of the same budget
+            for chunk in token_batches(lengths, sorted(group, key=lambda i: lengths[i]), d.max_tokens,
+                                       rows_per_example=rows * n):
+                decode(chunk, limit, banned)
         if d.nbest > 1:
             self._rescore(pieces, results)
         return results

@@ -2,6 +2,7 @@
 
     python scripts/bench_decode.py --models runs/multi30k_de_en_transformer runs/multi30k_de_en_lstm
     python scripts/bench_decode.py --equal-work --peers      # + HF generate and CTranslate2 in one run
+    python scripts/bench_decode.py --equal-work --ct2 --cli  # + CTranslate2 on attnmt's own random weights
     python scripts/bench_decode.py --parts                   # the decoder's pieces, old against new
     python scripts/bench_decode.py --equal-work --against 14964ad   # this tree against a commit, alternating
 
@@ -16,6 +17,22 @@ then takes one more step to score the forced EOS, which the peers' forced length
 does 31/30 of their work). ``--peers`` runs that script in the peers' virtual environment
 (``bash ../shared/peers/setup.sh``) in the same invocation, in rounds that alternate with attnmt: each
 round is one timed pass of every engine, and ratios are the median of the per-round ratios.
+
+``--ct2`` (with ``--equal-work``; ``--peers`` may join) adds CTranslate2 on the very same random weights,
+in the same rounds (the engines here in the reverse order every other round, each pass after a warm-up
+batch of its own): the model is written as a checkpoint (its decode section forcing the 30 tokens,
+checked by loading it back) and exported with ``ctranslate.export_ctranslate2`` as float32 and int8.
+``CTranslate2 Q (raw)``: ``ctranslate2.Translator(intra_threads=--threads, inter_threads=1)
+.translate_batch`` on the same batches of 64 as source pieces (the export adds the EOS), min = max
+decoding length 30. ``attnmt -> CTranslate2 Q``: ``ctranslate.Ct2Translator`` over the text lines,
+``.translate`` as ``attnmt translate EXPORT -i FILE`` runs it after start-up (cleaning, encoding, its
+own batches by ``decode.max_tokens``, sorted by length, detokenising). Before the rounds each wrapper
+searches once untimed: every output is 30 tokens, and it says how many sentences it decoded a second time
+(an output holding PAD or BOS: a random tied model copies its start BOS everywhere, so all of them, unless
+``--zero-bos`` zeroes BOS's embedding row for every engine, which leaves attnmt's and the raw engines' work
+as it was). Ratios: attnmt / CT2 float32 (raw), and each wrapper / its raw engine. ``--cli`` also times
+``attnmt translate MODEL -i FILE -o /dev/null --beam-size B`` in a fresh process each round, on the int8
+export and on the checkpoint: wall seconds, start-up included.
 
 Part 3 (``--equal-work --against REV``): the equal-work pass of this tree and of commit REV (checked out
 into a temporary git worktree, whose own ``scripts/bench_decode.py`` runs there) in alternating rounds,
@@ -122,19 +139,25 @@ class Work:
     batches: list[list[list[int]]]
 
 
-def equal_work_setup(batch_size: int, limit: int | None = None) -> Work:
+def equal_work_setup(batch_size: int, limit: int | None = None, zero_bos: bool = False) -> Work:
+    """With ``zero_bos``, BOS's row of the (tied) embedding is zeroed: a random tied model otherwise copies
+    the BOS it starts from into every output position (attnmt's search never outputs BOS, so its work is
+    the same either way; ``Ct2Translator`` decodes every such output a second time with BOS suppressed)."""
     import torch
 
     from attnmt import fastpath
     from attnmt.config import TransformerConfig
     from attnmt.data import clean
     from attnmt.models import build_model
-    from attnmt.tokenizer import load_tokenizer
+    from attnmt.tokenizer import BOS_ID, load_tokenizer
 
     torch.manual_seed(0)
     cfg = TransformerConfig(arch="transformer", d_model=256, n_heads=4, enc_layers=3, dec_layers=3, d_ff=1024,
                             dropout=0.1, share_embeddings=True, tie_output=True)
     model = build_model(cfg, 8000, 8000).eval()
+    if zero_bos:
+        with torch.no_grad():
+            model.src_embed.weight[BOS_ID].zero_()  # shared with tgt_embed and the output projection
     state = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
     fastpath.apply(model)  # as the decoding commands do
     tokenizer_dir = REPO / "runs" / "multi30k_de_en_transformer" / "tokenizer"
@@ -209,7 +232,7 @@ def random_checkpoint(work: Work, path: Path, length: int) -> None:
         "progress": {"step": 0},
         "fingerprint": checkpoint.fingerprint(cfg, 1, tokenizer, []),
         "config": cfg.to_dict(),
-        "tokenizer": {name: checkpoint.bytes_tensor(data) for name, data in tokenizer.files().items()},
+        "tokenizer": {name: checkpoint.bytes_tensor(blob) for name, blob in tokenizer.files().items()},
         "tokenizer_meta": tokenizer.meta(cfg.tokenizer.model_dump(mode="json")),
     }  # fmt: skip
     checkpoint.save_payload(payload, path)
@@ -295,14 +318,14 @@ def ct2_passes(work: Work, tmp: Path, length: int, threads: int,
             def wrapped(warm: bool, translator=translator) -> int:
                 todo = work.lines[:batch_size] if warm else work.lines
                 out = translator.translate(todo)
-                assert len(out) == len(todo) and all(t.outputs[0][0] for t in out)
+                assert len(out) == len(todo)
                 return length * len(todo)  # checked above through .search
 
             passes.append(Pass(CT2_OURS.format(quantization), beam, wrapped))
     return passes, ckpt, folders["int8"]
 
 
-def cli_runs(ckpt: Path, export: Path, src: Path, threads: int) -> list[tuple[str, int, list[str]]]:
+def cli_runs(ckpt: Path, export: Path, src: Path) -> list[tuple[str, int, list[str]]]:
     """``attnmt translate`` as a user runs it, start-up included: on the int8 export and on the
     checkpoint, beam 1 and 5 (the decode section forces the equal work)."""
     attnmt = Path(sys.executable).parent / "attnmt"
@@ -393,7 +416,8 @@ def ratio_line(per_round: list[dict], beam: int, ours: str, theirs: str) -> None
 
 
 def interleaved(rounds: int, batch_size: int, length: int, threads: int, with_peers: bool = True,
-                ct2: bool = False, cli: bool = False, limit: int | None = None) -> list[dict]:
+                ct2: bool = False, cli: bool = False, limit: int | None = None,
+                zero_bos: bool = False) -> list[dict]:
     """attnmt and the other engines in alternation: each round times one pass of every engine (attnmt
     here; with ``ct2`` the CTranslate2 engines here too, in the reverse order every other round; then,
     with ``with_peers``, the peers' script with ``--runs 1``), so a slow spell on the shared machine falls
@@ -404,7 +428,7 @@ def interleaved(rounds: int, batch_size: int, length: int, threads: int, with_pe
 
     import torch
 
-    work = equal_work_setup(batch_size, limit)
+    work = equal_work_setup(batch_size, limit, zero_bos)
     n = len(work.lines)
     limits = {"max_len_a": 0.0, "max_len_b": length, "min_len": length}
 
@@ -425,7 +449,7 @@ def interleaved(rounds: int, batch_size: int, length: int, threads: int, with_pe
             if cli:
                 src = Path(tmp) / "src.de"
                 src.write_text("".join(line + "\n" for line in work.lines), encoding="utf-8")
-                commands = cli_runs(ckpt, int8, src, threads)
+                commands = cli_runs(ckpt, int8, src)
         for r in range(rounds):
             found = {}
             for p in passes if r % 2 == 0 else passes[::-1]:
@@ -450,7 +474,9 @@ def interleaved(rounds: int, batch_size: int, length: int, threads: int, with_pe
                 if not theirs:
                     sys.exit("peers failed: see above")
                 found.update({(row["engine"], row["beam"]): row for row in theirs})
-            per_round.append({key: found[key] for key in sorted(found, key=lambda k: (k[1], k[0] != OURS))})
+            order = {(p.engine, p.beam): i for i, p in enumerate(passes)}  # then the peers, per beam
+            per_round.append({key: found[key]
+                              for key in sorted(found, key=lambda k: (k[1], order.get(k, len(order))))})
             print(f"round {r + 1}/{rounds}: "
                   + ", ".join(f"{e} b{b} {row['sents_per_s']}" for (e, b), row in per_round[-1].items())
                   + "".join(f", {e} b{b} {s:.2f}s" for (e, b), s in walls.items()), flush=True)
@@ -548,6 +574,9 @@ def main() -> None:
     ap.add_argument("--cli", action="store_true",
                     help="with --ct2: also `attnmt translate` on the export and the checkpoint, "
                     "start-up included")
+    ap.add_argument("--zero-bos", action="store_true",
+                    help="with --ct2: zero BOS's (tied) embedding row, so that the random model does not "
+                    "output BOS and Ct2Translator decodes nothing twice")
     ap.add_argument("--limit", type=int, help=argparse.SUPPRESS)  # first N sentences (smoke runs)
     ap.add_argument("--parts", action="store_true", help="the decoder's pieces against what they replace")
     ap.add_argument("--against", metavar="REV",
@@ -560,8 +589,8 @@ def main() -> None:
     args = ap.parse_args()
     if (args.ct2 or args.limit) and not args.equal_work:
         ap.error("--ct2 and --limit go with --equal-work")
-    if args.cli and not args.ct2:
-        ap.error("--cli goes with --ct2")
+    if (args.cli or args.zero_bos) and not args.ct2:
+        ap.error("--cli and --zero-bos go with --ct2")
     if args.limit and (args.peers or args.against):
         ap.error("--limit: the peers and --against always do all the sentences")
 
@@ -585,7 +614,7 @@ def main() -> None:
         rows += equal_work(args.runs, args.batch_size, args.length, args.limit)
     if args.equal_work and (args.peers or args.ct2):
         rows += interleaved(args.runs, args.batch_size, args.length, args.threads, args.peers, args.ct2,
-                            args.cli, args.limit)
+                            args.cli, args.limit, args.zero_bos)
     if not rows:
         return
     print(f"\n{'engine':<44}{'beam':>5}{'sent/s':>9}{'tok/s':>10}{'median s':>10}")

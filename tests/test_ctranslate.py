@@ -175,6 +175,31 @@ def test_random_weights_with_the_multi30k_dims(ckpt, tmp_path):
     assert_same_scores(ours, theirs, SOURCES[:20])
 
 
+def test_sentences_decoded_again_keep_the_batch_budget(ckpt, tmp_path):
+    """A random tied model copies its start BOS: CTranslate2's outputs hold it and every sentence is
+    decoded again with BOS suppressed, in batches within ``decode.max_tokens`` like the first pass."""
+    model = random_checkpoint(ckpt, tmp_path / "random.pt", **MULTI30K_DIMS)
+    export_ctranslate2(model, tmp_path / "ct2")
+    ours, theirs = both(model, tmp_path / "ct2", beam_size=2, max_tokens=120)
+    calls = []
+
+    class Recorder:
+        def __init__(self, engine):
+            self.engine = engine
+
+        def translate_batch(self, pieces, **options):
+            calls.append((len(pieces), max(len(p) for p in pieces) + 1, "suppress_sequences" in options))
+            return self.engine.translate_batch(pieces, **options)
+
+    theirs.engine = Recorder(theirs.engine)
+    ids = ours.encode(SOURCES[:30]).ids
+    found = theirs.search(ids)
+    assert all(t not in (0, 2) for hyps in found for h in hyps for t in h.tokens)  # no PAD, no BOS
+    again = [c for c in calls if c[2]]
+    assert sum(n for n, _, _ in again) == 30  # every sentence a second time
+    assert all(n == 1 or n * longest * 2 <= 120 for n, longest, _ in calls)
+
+
 @pytest.mark.parametrize("variant", [
     {"norm": "post", "activation": "gelu"},
     {"positions": "learned", "max_positions": 160, "share_embeddings": False, "tie_output": False},
