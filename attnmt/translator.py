@@ -140,10 +140,12 @@ class Translator:
     def translate(self, lines: Sequence[str]) -> list[Translation]:
         sources = self.encode(lines)
         out = [Translation([("", 0.0)]) for _ in range(sources.count)]
-        for i, hyps in zip(sources.lines, self.search(sources.ids)):
-            decoded = self.tokenizer.decode_tgt([h.tokens for h in hyps])
+        found = self.search(sources.ids)
+        # One call detokenises everything: sentencepiece's batch decoding costs per call, not per piece.
+        decoded = iter(self.tokenizer.decode_tgt([h.tokens for hyps in found for h in hyps]))
+        for i, hyps in zip(sources.lines, found):
             scores = [h.score / gnmt_penalty(len(h.tokens) + 1, self.decode.length_penalty) for h in hyps]
-            out[i] = Translation(list(zip(decoded, scores)), i in sources.truncated)
+            out[i] = Translation([(next(decoded), score) for score in scores], i in sources.truncated)
         return out
 
     def translate_stream(self, lines: Iterable[str], chunk_lines: int = 1000) -> Iterator[list[Translation]]:

@@ -19,8 +19,10 @@ does 31/30 of their work). ``--peers`` runs that script in the peers' virtual en
 round is one timed pass of every engine, and ratios are the median of the per-round ratios.
 
 ``--ct2`` (with ``--equal-work``; ``--peers`` may join) adds CTranslate2 on the very same random weights,
-in the same rounds (the engines here in the reverse order every other round, each pass after a warm-up
-batch of its own): the model is written as a checkpoint (its decode section forcing the 30 tokens,
+in the same rounds (the engines in the reverse order every other round, each pass after a warm-up batch
+of its own, and each in a fresh process of its own, attnmt's too: CTranslate2 brings its own OpenMP
+runtime, whose idle threads keep spinning after a call and slowed attnmt's pass in the same process by
+up to a third): the model is written as a checkpoint (its decode section forcing the 30 tokens,
 checked by loading it back) and exported with ``ctranslate.export_ctranslate2`` as float32 and int8.
 ``CTranslate2 Q (raw)``: ``ctranslate2.Translator(intra_threads=--threads, inter_threads=1)
 .translate_batch`` on the same batches of 64 as source pieces (the export adds the EOS), min = max
@@ -30,7 +32,11 @@ own batches by ``decode.max_tokens``, sorted by length, detokenising). Before th
 searches once untimed: every output is 30 tokens, and it says how many sentences it decoded a second time
 (an output holding PAD or BOS: a random tied model copies its start BOS everywhere, so all of them, unless
 ``--zero-bos`` zeroes BOS's embedding row for every engine, which leaves attnmt's and the raw engines' work
-as it was). Ratios: attnmt / CT2 float32 (raw), and each wrapper / its raw engine. ``--cli`` also times
+as it was). ``CTranslate2 Q (raw, the wrapper's batches)``: the raw engine on the wrapper's own batches
+(sorted by length, ``decode.max_tokens``), so that wrapper / it is the wrapper's own cost; ``attnmt
+Translator``: attnmt's ``Translator.translate`` on the same text path and batches (what ``attnmt
+translate CKPT`` runs after start-up). Ratios: attnmt / CT2 float32 (raw), each wrapper / its raw
+engine on both batchings, and attnmt's Translator / the float32 wrapper. ``--cli`` also times
 ``attnmt translate MODEL -i FILE -o /dev/null --beam-size B`` in a fresh process each round, on the int8
 export and on the checkpoint: wall seconds, start-up included.
 
@@ -189,6 +195,8 @@ def equal_work(runs: int, batch_size: int, length: int, limit: int | None = None
 OURS = "attnmt (random weights)"
 CT2_RAW = "CTranslate2 {} (raw)"
 CT2_OURS = "attnmt -> CTranslate2 {}"
+CT2_RAW_SORTED = "CTranslate2 {} (raw, the wrapper's batches)"
+OURS_TRANSLATOR = "attnmt Translator (random weights)"
 CLI_CT2 = "CLI: attnmt translate EXPORT int8"
 CLI_CKPT = "CLI: attnmt translate CKPT"
 
@@ -259,45 +267,111 @@ def ct2_raw_pass(translator, piece_batches, beam: int, length: int) -> int:
     return generated
 
 
-def ct2_passes(work: Work, tmp: Path, length: int, threads: int,
-               batch_size: int) -> tuple[list[Pass], Path, Path]:
-    """The CTranslate2 engines on the random weights: the checkpoint exported (float32, int8), each run
-    raw and through ``Ct2Translator``; returns them with the checkpoint and the int8 export's paths."""
+def ct2_setup(work: Work, tmp: Path, length: int) -> tuple[Path, dict[str, Path]]:
+    """The random-weight checkpoint and its float32 and int8 exports in ``tmp`` (made once; the
+    processes that time them find them there)."""
+    from attnmt.ctranslate import export_ctranslate2
+
+    ckpt, folders = tmp / "random.pt", {q: tmp / f"ct2_{q}" for q in ("float32", "int8")}
+    if not ckpt.exists():
+        random_checkpoint(work, ckpt, length)
+        for quantization, folder in folders.items():
+            start = time.perf_counter()
+            export_ctranslate2(ckpt, folder, quantization)
+            print(f"exported {quantization} in {time.perf_counter() - start:.1f}s", flush=True)
+    return ckpt, folders
+
+
+def ct2_engines() -> list[tuple[str, int]]:
+    """(engine, beam) of every CTranslate2 pass, in the order of a round."""
+    return [(name.format(q), beam) for q in ("float32", "int8") for beam in (1, 5)
+            for name in (CT2_RAW, CT2_OURS, CT2_RAW_SORTED)] + [(OURS_TRANSLATOR, 1), (OURS_TRANSLATOR, 5)]
+
+
+def ct2_pass(work: Work, tmp: Path, length: int, threads: int, batch_size: int, engine: str,
+             beam: int) -> Pass:
+    """One CTranslate2 engine (or attnmt's Translator) at one beam width on the random weights of
+    ``ct2_setup``. Each runs in a process of its own: CTranslate2 brings its own OpenMP runtime, whose
+    idle threads keep spinning after a call and slow whatever else the process then runs (attnmt's
+    equal-work pass fell from about 108 to 73-93 sentences/s after one CTranslate2 call, even with the
+    translator deleted)."""
     import ctranslate2
     import torch
 
+    from attnmt.batching import token_batches
+    from attnmt.ctranslate import Ct2Translator, read_export
+    from attnmt.translator import Translator, with_overrides
+
+    _, folders = ct2_setup(work, tmp, length)
+    quantization = "int8" if "int8" in engine else "float32"
+    folder = folders[quantization]
+    _, cfg, _ = export = read_export(folder)
+    decode = with_overrides(cfg.decode, work.tokenizer.tgt_vocab_size, beam_size=beam, nbest=1)
+    assert (decode.min_len, decode.max_len_a, decode.max_len_b) == (length, 0.0, length), decode
+    if engine == OURS_TRANSLATOR:  # attnmt's own Translator on the same text path and batches
+        own = Translator(work.model, work.tokenizer, decode)
+
+        def translated(warm: bool) -> int:
+            todo = work.lines[:batch_size] if warm else work.lines
+            with torch.inference_mode():
+                assert len(own.translate(todo)) == len(todo)
+            return length * len(todo)
+
+        return Pass(engine, beam, translated)
+    if engine == CT2_OURS.format(quantization):
+        translator = Ct2Translator(folder, decode, threads=threads, export=export)
+
+        def wrapped(warm: bool) -> int:
+            todo = work.lines[:batch_size] if warm else work.lines
+            out = translator.translate(todo)
+            assert len(out) == len(todo)
+            return length * len(todo)  # checked by ct2_check through .search
+
+        return Pass(engine, beam, wrapped)
+    raw = ctranslate2.Translator(str(folder), device="cpu", compute_type="default", intra_threads=threads,
+                                 inter_threads=1)
+    if engine == CT2_RAW.format(quantization):
+        batches = [[work.tokenizer.src_pieces(ids) for ids in batch] for batch in work.batches]
+    else:
+        # The wrapper's own batches (sorted by length, decode.max_tokens), as pieces: what is left
+        # between the two is the wrapper's own cost (cleaning, encoding, detokenising, its Python).
+        ids = Ct2Translator.encode(translator_like(work, decode), work.lines).ids
+        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+        batches = [[work.tokenizer.src_pieces(ids[i]) for i in chunk]
+                   for chunk in token_batches([len(x) + 1 for x in ids], order, decode.max_tokens,
+                                              rows_per_example=beam)]
+    return Pass(engine, beam, lambda warm: ct2_raw_pass(raw, batches[:1] if warm else batches, beam, length))
+
+
+def translator_like(work: Work, decode):
+    """What ``Translator.encode`` needs (a tokenizer and decode settings), without a model."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(tokenizer=work.tokenizer, decode=decode)
+
+
+def ct2_check(work: Work, tmp: Path, length: int, threads: int) -> None:
+    """Outside the timing, in a process of its own: each wrapper's outputs are exactly ``length``
+    tokens, how many sentences it decodes a second time (outputs holding PAD or BOS, or past their own
+    limit), and whether its greedy outputs are attnmt's on the first batch."""
+    import torch
+
     from attnmt.batching import collate
-    from attnmt.ctranslate import Ct2Translator, export_ctranslate2, read_export
+    from attnmt.ctranslate import Ct2Translator, read_export
     from attnmt.decode import greedy_search
     from attnmt.translator import with_overrides
 
-    ckpt = tmp / "random.pt"
-    random_checkpoint(work, ckpt, length)
-    n = len(work.lines)
-    piece_batches = [[work.tokenizer.src_pieces(ids) for ids in batch] for batch in work.batches]
-    with torch.inference_mode():  # attnmt's greedy outputs on the first batch, to compare with the export's
+    _, folders = ct2_setup(work, tmp, length)
+    with torch.inference_mode():
         first = collate(work.batches[0])
         ours = [h.tokens for h in greedy_search(work.model, first.src, first.src_mask, max_len_a=0.0,
                                                 max_len_b=length, min_len=length)]
-    passes, folders = [], {}
-    for quantization in ("float32", "int8"):
-        folder = folders[quantization] = tmp / f"ct2_{quantization}"
-        start = time.perf_counter()
-        export_ctranslate2(ckpt, folder, quantization)
-        print(f"exported {quantization} in {time.perf_counter() - start:.1f}s", flush=True)
-        raw = ctranslate2.Translator(str(folder), device="cpu", compute_type="default",
-                                     intra_threads=threads, inter_threads=1)
-        _, cfg, _ = export = read_export(folder)
+    n = len(work.lines)
+    for quantization, folder in folders.items():
+        export = read_export(folder)
         for beam in (1, 5):
-            passes.append(Pass(CT2_RAW.format(quantization), beam,
-                               lambda warm, raw=raw, beam=beam: ct2_raw_pass(
-                                   raw, piece_batches[:1] if warm else piece_batches, beam, length)))
-        for beam in (1, 5):
-            decode = with_overrides(cfg.decode, work.tokenizer.tgt_vocab_size, beam_size=beam, nbest=1)
-            assert (decode.min_len, decode.max_len_a, decode.max_len_b) == (length, 0.0, length), decode
+            decode = with_overrides(export[1].decode, work.tokenizer.tgt_vocab_size, beam_size=beam, nbest=1)
             translator = Ct2Translator(folder, decode, threads=threads, export=export)
-            # Outside the timing: every output has exactly `length` tokens, and how many sentences the
-            # wrapper decodes a second time (outputs holding PAD or BOS, or past their own limit).
             decoded: list[int] = []
             run = translator._run
 
@@ -307,7 +381,6 @@ def ct2_passes(work: Work, tmp: Path, length: int, threads: int,
 
             translator._run = counted
             hyps = translator.search(translator.encode(work.lines).ids)
-            del translator._run  # the class's again
             assert all(len(h[0].tokens) == length for h in hyps), "an output is not exactly `length` tokens"
             note = f"{quantization} beam {beam}: {sum(decoded) - n} of {n} sentences decoded again"
             if beam == 1:
@@ -315,14 +388,19 @@ def ct2_passes(work: Work, tmp: Path, length: int, threads: int,
                 note += f"; greedy outputs identical to attnmt's on the first batch: {same}/{len(ours)}"
             print(note, flush=True)
 
-            def wrapped(warm: bool, translator=translator) -> int:
-                todo = work.lines[:batch_size] if warm else work.lines
-                out = translator.translate(todo)
-                assert len(out) == len(todo)
-                return length * len(todo)  # checked above through .search
 
-            passes.append(Pass(CT2_OURS.format(quantization), beam, wrapped))
-    return passes, ckpt, folders["int8"]
+def run_pass(p: Pass, n: int) -> dict:
+    """A warm-up batch, then one timed pass."""
+    p.run(True)
+    start = time.perf_counter()
+    generated = p.run(False)
+    seconds = time.perf_counter() - start
+    return {"engine": p.engine, "beam": p.beam, "median_s": round(seconds, 3),
+            "sents_per_s": round(n / seconds, 1), "gen_tokens_per_s": round(generated / seconds, 1)}
+
+
+def child_command(args: list[str]) -> list[str]:
+    return [sys.executable, str(Path(__file__).resolve()), *args]
 
 
 def cli_runs(ckpt: Path, export: Path, src: Path) -> list[tuple[str, int, list[str]]]:
@@ -442,24 +520,36 @@ def interleaved(rounds: int, batch_size: int, length: int, threads: int, with_pe
     per_round: list[dict[tuple[str, int], dict]] = []
     cli_walls: list[dict[tuple[str, int], float]] = []
     with tempfile.TemporaryDirectory(prefix="attnmt-bench-ct2-") as tmp:
-        commands = []
+        commands, engines = [], [(p.engine, p.beam) for p in passes]
         if ct2:
-            more, ckpt, int8 = ct2_passes(work, Path(tmp), length, threads, batch_size)
-            passes += more
+            # Every pass in a process of its own (``ct2_pass``), attnmt's too, so that no engine runs
+            # beside another's idle threads; the checks in one more.
+            ckpt, folders = ct2_setup(work, Path(tmp), length)
+            common = ["--equal-work", "--ct2", "--threads", str(threads), "--length", str(length),
+                      "--batch-size", str(batch_size), "--child-dir", tmp]
+            common += (["--limit", str(limit)] if limit else []) + (["--zero-bos"] if zero_bos else [])
+            check = subprocess.run(child_command([*common, "--child", "check"]), capture_output=True,
+                                   text=True)
+            if check.returncode:
+                sys.exit(f"the checks failed:\n{check.stdout[-2000:]}\n{check.stderr[-2000:]}")
+            print(check.stdout.strip(), flush=True)
+            engines += ct2_engines()
             if cli:
                 src = Path(tmp) / "src.de"
                 src.write_text("".join(line + "\n" for line in work.lines), encoding="utf-8")
-                commands = cli_runs(ckpt, int8, src)
+                commands = cli_runs(ckpt, folders["int8"], src)
         for r in range(rounds):
             found = {}
-            for p in passes if r % 2 == 0 else passes[::-1]:
-                p.run(True)
-                start = time.perf_counter()
-                generated = p.run(False)
-                seconds = time.perf_counter() - start
-                found[(p.engine, p.beam)] = {
-                    "engine": p.engine, "beam": p.beam, "median_s": round(seconds, 3),
-                    "sents_per_s": round(n / seconds, 1), "gen_tokens_per_s": round(generated / seconds, 1)}
+            for engine, beam in engines if r % 2 == 0 else engines[::-1]:
+                if not ct2:
+                    found[(engine, beam)] = run_pass(next(p for p in passes if p.beam == beam), n)
+                    continue
+                out = subprocess.run(child_command([*common, "--child", f"{engine}@{beam}"]),
+                                     capture_output=True, text=True)
+                rows = [json.loads(m.group(1)) for m in re.finditer(r"^PASS (\{.*\})$", out.stdout, re.M)]
+                if out.returncode or not rows:
+                    sys.exit(f"{engine} beam {beam} failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+                found[(engine, beam)] = rows[0]
             walls = {}
             for name, beam, command in commands if r % 2 == 0 else commands[::-1]:
                 start = time.perf_counter()
@@ -474,7 +564,7 @@ def interleaved(rounds: int, batch_size: int, length: int, threads: int, with_pe
                 if not theirs:
                     sys.exit("peers failed: see above")
                 found.update({(row["engine"], row["beam"]): row for row in theirs})
-            order = {(p.engine, p.beam): i for i, p in enumerate(passes)}  # then the peers, per beam
+            order = {key: i for i, key in enumerate(engines)}  # then the peers, per beam
             per_round.append({key: found[key]
                               for key in sorted(found, key=lambda k: (k[1], order.get(k, len(order))))})
             print(f"round {r + 1}/{rounds}: "
@@ -499,6 +589,9 @@ def interleaved(rounds: int, batch_size: int, length: int, threads: int, with_pe
             ratio_line(per_round, beam, OURS, CT2_RAW.format("float32"))
             ratio_line(per_round, beam, CT2_OURS.format("int8"), CT2_RAW.format("int8"))
             ratio_line(per_round, beam, CT2_OURS.format("float32"), CT2_RAW.format("float32"))
+            ratio_line(per_round, beam, CT2_OURS.format("int8"), CT2_RAW_SORTED.format("int8"))
+            ratio_line(per_round, beam, CT2_OURS.format("float32"), CT2_RAW_SORTED.format("float32"))
+            ratio_line(per_round, beam, OURS_TRANSLATOR, CT2_OURS.format("float32"))
             if with_peers:  # this export against the peers' conversion of their own random model
                 ratio_line(per_round, beam, CT2_RAW.format("float32"), "ct2_float32")
                 ratio_line(per_round, beam, CT2_RAW.format("int8"), "ct2_int8")
@@ -578,6 +671,8 @@ def main() -> None:
                     help="with --ct2: zero BOS's (tied) embedding row, so that the random model does not "
                     "output BOS and Ct2Translator decodes nothing twice")
     ap.add_argument("--limit", type=int, help=argparse.SUPPRESS)  # first N sentences (smoke runs)
+    ap.add_argument("--child", help=argparse.SUPPRESS)  # with --ct2: one pass "ENGINE@BEAM", or "check"
+    ap.add_argument("--child-dir", type=Path, help=argparse.SUPPRESS)  # where ct2_setup wrote the models
     ap.add_argument("--parts", action="store_true", help="the decoder's pieces against what they replace")
     ap.add_argument("--against", metavar="REV",
                     help="with --equal-work: this tree against commit REV, alternating rounds")
@@ -606,6 +701,26 @@ def main() -> None:
         print(f"\n{'part':<46}{'old':>32}{'us':>8}{'new':>32}{'us':>8}{'speedup':>9}")
         for r in parts(max(args.runs, 5)):
             print(f"{r['part']:<46}{r['old']:>32}{r['old_us']:>8}{r['new']:>32}{r['new_us']:>8}{r['speedup']:>8.2f}x")
+    if args.child:  # one pass of --ct2's rounds, in a process of its own (see interleaved)
+        work = equal_work_setup(args.batch_size, args.limit, args.zero_bos)
+        if args.child == "check":
+            ct2_check(work, args.child_dir, args.length, args.threads)
+            return
+        engine, beam = args.child.rsplit("@", 1)
+        if engine == OURS:
+            limits = {"max_len_a": 0.0, "max_len_b": args.length, "min_len": args.length}
+
+            def ours(warm: bool) -> int:
+                with torch.inference_mode():
+                    return search_pass(work.model, work.batches[:1] if warm else work.batches, int(beam),
+                                       **limits)
+
+            one = Pass(OURS, int(beam), ours)
+        else:
+            one = ct2_pass(work, args.child_dir, args.length, args.threads, args.batch_size, engine,
+                           int(beam))
+        print("PASS " + json.dumps(run_pass(one, len(work.lines))), flush=True)
+        return
     if args.equal_work and args.against:
         against(args.against, args.runs, args.threads)
         return
