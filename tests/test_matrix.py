@@ -837,3 +837,22 @@ def test_debug_shows_a_traceback_but_never_locals(tmp_path, debug):
         assert assert_one_error_line(result.stderr) == (
             "error: internal error: ValueError: the loader broke (run with --debug for a traceback)"
         )
+
+
+@pytest.mark.parametrize("args, code", [
+    (["prepare", "{tmp}/missing.yaml"], None),  # the config is not there
+    (["translate", "{tmp}/missing.pt", "x"], 4),
+    (["eval", "--hyp", "{tmp}/missing.txt", "--ref", "{tmp}/missing.txt"], 3),
+], ids=["config", "checkpoint", "data"])
+def test_debug_keeps_the_exit_code_of_an_expected_error(tmp_path, args, code):
+    """``--debug`` adds the traceback and keeps the contract's code; the error line still comes last."""
+    args = [a.format(tmp=tmp_path) for a in args]
+    plain = subprocess.run([sys.executable, "-m", "attnmt", *args], cwd=REPO,
+                           env={**os.environ, **OFFLINE_ENV}, capture_output=True, text=True, timeout=60)
+    debug = subprocess.run([sys.executable, "-m", "attnmt", "--debug", *args], cwd=REPO,
+                           env={**os.environ, **OFFLINE_ENV}, capture_output=True, text=True, timeout=60)
+    line = assert_one_error_line(plain.stderr)
+    assert plain.returncode == code if code else plain.returncode in (2, 3)
+    assert debug.returncode == plain.returncode
+    assert "Traceback (most recent call last)" in debug.stderr
+    assert debug.stderr.rstrip().splitlines()[-1] == line

@@ -4,9 +4,9 @@ and applies the error guard.
 The contract (``docs/RELIABILITY.md``): every expected failure is an ``AttnmtError`` raised by library
 code, and the guard turns it into one ``error:`` line on stderr and the exit code of its class
 (``errors.py``); a usage error Click finds (a bad option value, a missing argument) is one line too, exit
-2. Anything else is a bug: one line, exit 1, and ``--debug`` shows the traceback (never the frames'
-local variables). Heavy libraries are imported inside the commands so that ``attnmt --help`` stays fast
-and never touches the network.
+2. Anything else is a bug: one line, exit 1. ``--debug`` adds the traceback before the line (never the
+frames' local variables) and keeps the exit code. Heavy libraries are imported inside the commands so
+that ``attnmt --help`` stays fast and never touches the network.
 """
 
 from __future__ import annotations
@@ -96,14 +96,22 @@ def fail(message: str, code: int) -> None:
     raise typer.Exit(code)
 
 
+def _traceback_if_debug() -> None:
+    """With ``--debug``: the traceback of the exception being handled, before its one error line (plain
+    Python frames, never their local variables); the exit code stays the contract's."""
+    if _state["debug"]:
+        import traceback
+
+        traceback.print_exc(file=sys.stderr)
+
+
 @contextlib.contextmanager
 def error_guard() -> Iterator[None]:
     """Map whatever a command raises to the exit-code contract."""
     try:
         yield
     except AttnmtError as e:
-        if _state["debug"]:
-            raise
+        _traceback_if_debug()
         fail(str(e).replace("\n", " "), e.exit_code)
     except (typer.Exit, typer.Abort, KeyboardInterrupt):
         raise
@@ -113,10 +121,10 @@ def error_guard() -> Iterator[None]:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise typer.Exit(0) from None
     except MemoryError:
+        _traceback_if_debug()
         fail(OUT_OF_MEMORY, 5)
     except Exception as e:
-        if _state["debug"]:
-            raise
+        _traceback_if_debug()
         if is_out_of_memory(e):
             fail(OUT_OF_MEMORY, 5)
         first = str(e).splitlines()[0] if str(e) else ""
