@@ -223,7 +223,7 @@ RESUMABLE = {"max_steps", "max_epochs", "max_minutes", "valid_beam_size", "log_e
 
 # train.* keys added since checkpoints first recorded their dynamics, with the value every earlier run had:
 # a fingerprint leaves such a key out while it has that value, so those runs still resume.
-ADDED_DYNAMICS = {"alignment": None}
+ADDED_DYNAMICS = {"alignment": None, "plateau_patience": 2, "plateau_factor": 0.5}
 
 
 def canonical_hash(value: Any) -> str:

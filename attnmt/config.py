@@ -224,6 +224,10 @@ class TrainConfig(Section):
     betas: tuple[Probability, Probability] = (0.9, 0.98)
     weight_decay: Annotated[float, Field(strict=True, ge=0.0, allow_inf_nan=False)] = 0.0
     schedule: Literal["inverse_sqrt", "cosine", "plateau", "constant"] = "inverse_sqrt"
+    plateau_patience: PositiveInt = 2
+    """schedule plateau: validations without improvement (of ``metric``) before the rate is multiplied by
+    ``plateau_factor``."""
+    plateau_factor: Annotated[float, Field(strict=True, gt=0.0, lt=1.0, allow_inf_nan=False)] = 0.5
     warmup_steps: Annotated[int, Field(strict=True, ge=0)] = 4000
     min_lr: Annotated[float, Field(strict=True, ge=0.0, allow_inf_nan=False)] = 0.0
     max_steps: Annotated[int, Field(strict=True, ge=0)] = 0

@@ -38,19 +38,20 @@ class Schedule:
 
     inverse_sqrt has the shape of Vaswani et al. 2017, eq. (3), scaled to peak at ``peak`` after ``warmup``
     steps; cosine decays from ``peak`` to ``min_lr`` over the steps after warmup (Loshchilov & Hutter 2017).
-    The plateau factor halves the rate after ``PLATEAU_PATIENCE`` validations without improvement (schedule
-    ``plateau``). All state is plain numbers, saved in checkpoints.
+    The plateau factor multiplies the rate by ``plateau_factor`` after ``plateau_patience`` validations in a
+    row without improvement (schedule ``plateau``). All state is plain numbers, saved in checkpoints.
     """
 
-    PLATEAU_PATIENCE, PLATEAU_FACTOR = 2, 0.5
-
-    def __init__(self, kind: str, peak: float, warmup: int, total: int, min_lr: float) -> None:
+    def __init__(self, kind: str, peak: float, warmup: int, total: int, min_lr: float,
+                 plateau_patience: int = 2, plateau_factor: float = 0.5) -> None:
         self.kind, self.peak, self.warmup, self.total, self.min_lr = kind, peak, warmup, max(total, 1), min_lr
+        self.plateau_patience, self.plateau_factor = plateau_patience, plateau_factor
         self.factor, self.bad_evals, self.best = 1.0, 0, None
 
     @classmethod
     def from_config(cls, cfg: TrainConfig, total_steps: int) -> Schedule:
-        return cls(cfg.schedule, cfg.lr, cfg.warmup_steps, total_steps, cfg.min_lr)
+        return cls(cfg.schedule, cfg.lr, cfg.warmup_steps, total_steps, cfg.min_lr, cfg.plateau_patience,
+                   cfg.plateau_factor)
 
     def lr(self, step: int) -> float:
         """The rate for optimizer step ``step`` (1-based)."""
@@ -73,8 +74,8 @@ class Schedule:
             self.best, self.bad_evals = score, 0
             return
         self.bad_evals += 1
-        if self.bad_evals >= self.PLATEAU_PATIENCE:
-            self.factor *= self.PLATEAU_FACTOR
+        if self.bad_evals >= self.plateau_patience:
+            self.factor *= self.plateau_factor
             self.bad_evals = 0
 
     def state_dict(self) -> dict:
