@@ -307,6 +307,20 @@ def restore_training(path: Path, payload: dict[str, Any], fingerprint: dict, mod
 # --------------------------------------------------------------------------------- for inference
 
 
+def _load_resolved(model_path: Path, attempts: int = 5) -> tuple[Path, dict[str, Any]]:
+    """MODEL's checkpoint and its payload. A run folder that a training run is writing can prune the
+    checkpoint its pointer named between reading the pointer and opening the file: then the pointer is read
+    again (a checkpoint, once open, stays readable whatever is deleted)."""
+    for attempt in range(attempts):
+        path = resolve_model_path(model_path)
+        try:
+            return path, load_checkpoint(path)
+        except CheckpointError:
+            if attempt + 1 == attempts or not Path(model_path).is_dir() or path.exists():
+                raise
+    raise AssertionError("unreachable")
+
+
 def load_model(model_path: Path, device: str | torch.device = "cpu"):
     """A trained model from MODEL (a checkpoint file or a run folder) with nothing else: returns
     (model in eval mode, tokenizer, config, checkpoint path). The tokenizer comes from the checkpoint's
@@ -316,8 +330,7 @@ def load_model(model_path: Path, device: str | torch.device = "cpu"):
     from .models import build_model
     from .tokenizer import Tokenizer, sha256_bytes
 
-    path = resolve_model_path(model_path)
-    payload = load_checkpoint(path)
+    path, payload = _load_resolved(model_path)
     try:
         cfg = config_from_dict(payload["config"], source=f"{path} (its config)")
     except ConfigError as e:
