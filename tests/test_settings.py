@@ -7,10 +7,12 @@ test_keeper.py; the note of issue 15 lists them.)"""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
-from helpers import read_records, train_cli
+from helpers import REPO, read_records, train_args, train_cli, train_env
 
 from attnmt.batching import EncodedSplit
 from attnmt.config import TrainConfig, TransformerConfig
@@ -131,3 +133,44 @@ def test_compile_on_the_cpu_gives_the_eager_losses(tiny, tmp_path):
         assert y["loss"] == pytest.approx(x["loss"], rel=1e-4)
     # Teeth: the second step's loss differs from the first's by far more than the tolerance.
     assert abs(a[1]["loss"] - a[0]["loss"]) > 1e-3 * a[0]["loss"]
+
+
+def test_max_epochs_stops_after_that_many_passes_over_the_data(tiny, tmp_path):
+    run = tiny.copy_prepared(tmp_path / "run")
+    result = train_cli(tiny.config["transformer"], run, "train.max_steps=0", "train.max_epochs=2",
+                       "train.log_every=1", "train.eval_every=1000", "train.save_every=1000")
+    assert result.returncode == 0, result.stderr
+    records = read_records(run)
+    per_epoch = sum(1 for r in records if r["epoch"] <= 1.0 + 1e-9)
+    assert len(records) == 2 * per_epoch and records[-1]["epoch"] == pytest.approx(2.0)
+    assert "max_epochs" in result.stdout
+
+
+def test_seed_changes_the_run_and_the_same_seed_repeats_it(tiny, tmp_path):
+    sets = ("train.max_steps=3", "train.log_every=1", "train.eval_every=1000", "train.save_every=1000")
+    losses = {}
+    for name, seed in (("a", 1), ("b", 1), ("c", 2)):
+        run = tiny.copy_prepared(tmp_path / name)
+        assert train_cli(tiny.config["transformer"], run, *sets, f"train.seed={seed}").returncode == 0
+        losses[name] = [r["loss"] for r in read_records(run)]
+    assert losses["a"] == losses["b"]  # compared with ==
+    assert losses["a"] != losses["c"]
+
+
+def test_deterministic_turns_on_torchs_deterministic_algorithms(tiny, tmp_path):
+    """On the CPU every kernel attnmt uses is deterministic already; the key must still reach torch (where
+    CUDA would otherwise pick nondeterministic kernels) and leave the losses as they are."""
+    sets = ("train.max_steps=2", "train.log_every=1", "train.eval_every=1000", "train.save_every=1000")
+    plain, strict = tiny.copy_prepared(tmp_path / "plain"), tiny.copy_prepared(tmp_path / "strict")
+    assert train_cli(tiny.config["transformer"], plain, *sets).returncode == 0
+    probe = ("import torch; seen = []; real = torch.use_deterministic_algorithms; "
+             "torch.use_deterministic_algorithms = lambda on, **k: (seen.append(on), real(on, **k)); "
+             "import sys; from attnmt.cli import app; "
+             "sys.argv = ['attnmt'] + sys.argv[1:]; "
+             "import atexit; atexit.register(lambda: print('DETERMINISTIC', seen)); app()")
+    args = train_args(tiny.config["transformer"], strict, *sets, "train.deterministic=true")[1:]
+    result = subprocess.run([sys.executable, "-c", probe, *args], cwd=REPO, env=train_env(),
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "DETERMINISTIC [True]" in result.stdout
+    assert [r["loss"] for r in read_records(strict)] == [r["loss"] for r in read_records(plain)]
