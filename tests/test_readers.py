@@ -22,7 +22,7 @@ def test_translate_eval_and_info_while_training_saves_and_prunes(tiny, tmp_path)
     # Saves every step, validates (and moves best.json) every 2, keeps the last 2 and the best: checkpoints
     # appear and vanish all the time.
     sets = ["train.max_steps=400", "train.save_every=1", "train.eval_every=2", "train.keep_last=2",
-            "train.log_every=10", "train.max_minutes=0.5"]
+            "train.log_every=10", "train.max_minutes=0.3"]
     writer = subprocess.Popen(train_command(tiny.config["transformer"], run, *sets), cwd=REPO,
                               env=train_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     runner = CliRunner()
