@@ -115,7 +115,7 @@ def format_pharaoh(links: Iterable[Link], one_based: bool = False) -> str:
     return " ".join(f"{i + shift}-{j + shift}" for i, j in sorted(links))
 
 
-_LINK = re.compile(r"^(\d+)([-?p])(\d+)$")
+_LINK = re.compile(r"^(\d+)([-?p])(\d+)$", re.ASCII)  # ASCII digits only: \d would take "١-٢" or "１-２"
 
 
 def parse_pharaoh(line: str, one_based: bool = False) -> tuple[set[Link], set[Link]]:

@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import re
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -131,6 +132,7 @@ def load_checkpoint(path: Path, expected_sha256: str | None = None) -> dict[str,
         raise CheckpointError(f"{path}: is a folder; expected a checkpoint file")
     if expected_sha256 is not None and sha256_file(path) != expected_sha256:
         raise CheckpointError(f"corrupt checkpoint {path}: sha256 does not match latest.json")
+    _check_records(path)
     try:
         # Older checkpoints stored torch_version as a TorchVersion, a harmless str subclass; still read them.
         with torch.serialization.safe_globals([TorchVersion]):
@@ -146,6 +148,22 @@ def load_checkpoint(path: Path, expected_sha256: str | None = None) -> dict[str,
         raise CheckpointError(f"{path}: written by checkpoint format {payload['format']}; "
                               f"this attnmt reads <= {FORMAT}")
     return payload
+
+
+def _check_records(path: Path) -> None:
+    """torch's zip reader does not check the CRC-32 the archive records for each of its files, so a flipped
+    bit in a tensor's bytes would load as another weight; zipfile checks them (one more read of the file:
+    torch stores its records uncompressed). A file that is no zip archive is left to torch.load."""
+    if not zipfile.is_zipfile(path):
+        return
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except Exception as e:  # a damaged directory: BadZipFile, NotImplementedError, RuntimeError (its flags)
+        cause = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise CheckpointError(f"corrupt checkpoint {path}: {cause[:200]}") from None
+    if bad is not None:
+        raise CheckpointError(f"corrupt checkpoint {path}: {bad!r} fails its CRC-32 check")
 
 
 def latest_checkpoint(run: RunDir) -> tuple[Path, dict[str, Any]] | None:
@@ -332,21 +350,25 @@ def load_model(model_path: Path, device: str | torch.device = "cpu"):
 
     path, payload = _load_resolved(model_path)
     try:
-        cfg = config_from_dict(payload["config"], source=f"{path} (its config)")
+        cfg = config_from_dict(payload.get("config"), source=f"{path} (its config)")
     except ConfigError as e:
         raise CheckpointError(f"{path}: its stored config is not valid for this attnmt: {e}") from None
+    fingerprint = payload.get("fingerprint")
+    expected = fingerprint.get("tokenizer") if isinstance(fingerprint, dict) else None
     try:
-        expected = payload["fingerprint"]["tokenizer"]
+        if not isinstance(expected, dict) or not isinstance(expected.get("joint"), bool):
+            raise KeyError("fingerprint.tokenizer.joint")
         files = {name: tensor_bytes(t) for name, t in payload["tokenizer"].items()}
-        joint = bool(expected["joint"])
+        joint = expected["joint"]
         src_model = files["spm.model" if joint else "src.model"]
         tgt_model = files["spm.model" if joint else "tgt.model"]
+        src_sha256, tgt_sha256 = expected["src_sha256"], expected["tgt_sha256"]
     except (KeyError, TypeError, AttributeError) as e:
         raise CheckpointError(f"{path}: checkpoint has no usable tokenizer "
                               f"({type(e).__name__}: {e})") from None
-    if sha256_bytes(src_model) != expected["src_sha256"] or sha256_bytes(tgt_model) != expected["tgt_sha256"]:
+    if sha256_bytes(src_model) != src_sha256 or sha256_bytes(tgt_model) != tgt_sha256:
         raise CheckpointError(f"{path}: tokenizer does not match checkpoint "
-                              f"(expected sha256 {expected['src_sha256'][:12]}…)")
+                              f"(expected sha256 {str(src_sha256)[:12]}…)")
     try:
         tokenizer = Tokenizer(src_model, tgt_model, joint=joint)
     except RuntimeError as e:
@@ -354,6 +376,8 @@ def load_model(model_path: Path, device: str | torch.device = "cpu"):
                               f"({str(e).splitlines()[0]})") from None
     model = build_model(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
     state = payload["model"]
+    if not isinstance(state, dict) or not all(isinstance(t, torch.Tensor) for t in state.values()):
+        raise CheckpointError(f"{path}: its weights are not a mapping of names to tensors")
     for name, tensor in state.items():
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
             raise CheckpointError(f"{path}: parameter {name} holds non-finite values")
@@ -383,8 +407,18 @@ def model_spec(target: Path, overrides: list[str] | None = None) -> ModelSpec:
     target = Path(target)
     if target.is_file() and target.suffix not in (".yaml", ".yml"):
         payload = load_checkpoint(target)
-        cfg = config_from_dict(payload["config"], source=f"{target} (its config)", overrides=overrides or [])
-        sizes = payload["fingerprint"]["tokenizer"]
+        try:  # as load_model: a stored config this attnmt cannot read is the checkpoint's fault (exit 4)
+            cfg = config_from_dict(payload.get("config"), source=f"{target} (its config)")
+        except ConfigError as e:
+            raise CheckpointError(f"{target}: its stored config is not valid for this attnmt: {e}") from None
+        if overrides:  # a bad --set stays a usage error (exit 2)
+            cfg = config_from_dict(payload["config"], source=f"{target} (its config)", overrides=overrides)
+        fingerprint = payload.get("fingerprint")
+        sizes = fingerprint.get("tokenizer") if isinstance(fingerprint, dict) else None
+        names = ("src_vocab_size", "tgt_vocab_size")
+        if not isinstance(sizes, dict) or not all(type(sizes.get(n)) is int and sizes[n] > 0 for n in names):
+            raise CheckpointError(f"{target}: checkpoint has no tokenizer fingerprint with its vocabulary "
+                                  "sizes (fingerprint.tokenizer.src_vocab_size, tgt_vocab_size)")
         return ModelSpec(cfg, sizes["src_vocab_size"], sizes["tgt_vocab_size"], "the checkpoint's tokenizer")
     if target.is_dir() and (target / EXPORT_MANIFEST).is_file():  # attnmt export's folder
         try:

@@ -327,7 +327,8 @@ def config_from_dict(data: Any, source: str = "<config>", base_dir: Path | None 
         raise ConfigError(describe(e, source, lines, overrides, Config, UNION_TAGS)) from None
     if base_dir is not None:
         # Paths in the file are relative to the file; paths typed on the command line, to the shell.
-        _resolve_paths(cfg, base_dir.resolve(), "", {o.partition("=")[0].strip() for o in overrides})
+        _resolve_paths(cfg, base_dir.resolve(), "", {o.partition("=")[0].strip() for o in overrides},
+                       lambda key: _where(key, source, lines, overrides))
     if cfg.train.run_dir is None:
         stem = Path(source).stem if source != "<config>" else "run"
         cfg.train.run_dir = Path.cwd() / "runs" / stem
@@ -418,20 +419,24 @@ def set_dotted(data: dict, key: str, value: Any, where: str) -> None:
 
 
 def _resolve_paths(model: BaseModel, base: Path, prefix: str = "",
-                   from_shell: set[str] = frozenset()) -> None:
+                   from_shell: set[str] = frozenset(), where=lambda key: key) -> None:
     """Make every relative Path field absolute, in place: against the config's folder, or against the
-    working folder for keys given with ``--set`` (``from_shell``)."""
+    working folder for keys given with ``--set`` (``from_shell``); ``where(key)`` names a key in errors."""
     for name in type(model).model_fields:
         value, key = getattr(model, name), prefix + name
         root = Path.cwd() if key in from_shell else base
         if isinstance(value, BaseModel):
-            _resolve_paths(value, base, key + ".", from_shell)
+            _resolve_paths(value, base, key + ".", from_shell, where)
         elif isinstance(value, Path):
-            object.__setattr__(model, name, _absolute(value, root))
+            object.__setattr__(model, name, _absolute(value, root, where(key)))
         elif isinstance(value, list) and value and all(isinstance(v, Path) for v in value):
-            object.__setattr__(model, name, [_absolute(v, root) for v in value])
+            object.__setattr__(model, name, [_absolute(v, root, where(key)) for v in value])
 
 
-def _absolute(path: Path, base: Path) -> Path:
-    path = path.expanduser()
+def _absolute(path: Path, base: Path, where: str = "path") -> Path:
+    try:
+        path = path.expanduser()
+    except RuntimeError:  # pathlib's answer to ~user of an unknown user, or to no home folder at all
+        raise ConfigError(f"{where}: cannot expand ~ in {str(path)!r} (no such user or home folder)"
+                          ) from None
     return path if path.is_absolute() else base / path

@@ -13,6 +13,9 @@ from typing import Any, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
+# What str.splitlines() (and a terminal) breaks a line at: escaped in a key, so the message stays one line.
+_LINE_BREAKS = {ord(c): repr(c)[1:-1] for c in "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"}
+
 _TYPE_WORDS = {bool: "boolean", int: "integer", float: "number", str: "string", list: "list", dict: "mapping",
                type(None): "null"}
 
@@ -24,7 +27,7 @@ def describe(error: ValidationError, source: str, lines: dict[tuple[str, ...], i
     ``union_tags`` are the tags pydantic puts into the paths of discriminated unions."""
     err = error.errors(include_url=False)[0]
     loc = _clean_loc(err["loc"], frozenset(union_tags))
-    key = ".".join(str(p) for p in loc) or "(top level)"
+    key = ".".join(str(p) for p in loc).translate(_LINE_BREAKS) or "(top level)"
     message = _message(err, loc, schema)
     line = None
     for n in range(len(loc), 0, -1):

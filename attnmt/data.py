@@ -32,11 +32,12 @@ _SPACES = re.compile(r"\s+")
 
 def clean(text: str) -> str:
     """NFC, ANSI colour codes removed, control characters (NUL, ESC, ...) turned into spaces, runs of
-    whitespace collapsed to one space, stripped. Tabs count as whitespace."""
+    whitespace collapsed to one space, stripped. Tabs count as whitespace. The result is NFC: normalised
+    again at the end, since removing a code can bring together what composes (``e``, a code, U+0301)."""
     text = unicodedata.normalize("NFC", text)
     text = _ANSI.sub("", text)
     text = _CONTROL.sub(" ", text)
-    return _SPACES.sub(" ", text).strip()
+    return unicodedata.normalize("NFC", _SPACES.sub(" ", text).strip())
 
 
 @dataclass
@@ -180,6 +181,9 @@ def _read_jsonl(source: JsonlSource, name: str) -> ParallelText:
             record = json.loads(text)
         except json.JSONDecodeError as e:
             raise DataError(f"{source.path}:{line}: invalid JSON: {e.msg} at column {e.colno}") from None
+        except (ValueError, RecursionError) as e:  # an integer past int()'s 4300 digits; deep nesting
+            problem = "nested too deeply" if isinstance(e, RecursionError) else str(e).split(":")[0]
+            raise DataError(f"{source.path}:{line}: invalid JSON: {problem}") from None
         where = f"{source.path}:{line}"
         corpus.add(_field(record, source.src_field, where), _field(record, source.tgt_field, where), line)
     return corpus
@@ -191,14 +195,23 @@ def _field(record: object, dotted: str, where: str) -> str:
     for part in dotted.split("."):
         if not isinstance(value, dict) or part not in value:
             keys = sorted(value) if isinstance(value, dict) else []
-            hint = f" (keys here: {', '.join(map(str, keys))})" if keys else ""
+            hint = f" (keys here: {', '.join(map(str, keys))})".translate(_LINE_BREAKS) if keys else ""
             raise DataError(f"{where}: no field {dotted!r}{hint}")
         value = value[part]
     if value is None:
         return ""
     if not isinstance(value, str):
         raise DataError(f"{where}: field {dotted!r} is a {type(value).__name__}, not a string")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:  # JSON's "\ud800": a lone surrogate, which is no character
+        raise DataError(f"{where}: field {dotted!r} holds a lone surrogate "
+                        f"(U+{ord(value[e.start]):04X}) at character {e.start}, which is not text") from None
     return value
+
+
+# What str.splitlines() (and a terminal) breaks a line at: escaped where a message shows the data's keys.
+_LINE_BREAKS = {ord(c): repr(c)[1:-1] for c in "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"}
 
 
 def _read_hf(source: HfSource, name: str) -> ParallelText:

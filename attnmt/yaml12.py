@@ -63,6 +63,12 @@ def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bo
     seen: dict[Any, yaml.Mark] = {}
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=True)
+        try:
+            hash(key)
+        except TypeError:  # a list, mapping or set as a key (``? [a, b]``)
+            raise yaml.constructor.ConstructorError(
+                None, None, f"a {type(key).__name__} cannot be a key", key_node.start_mark
+            ) from None
         if key in seen:
             raise yaml.constructor.ConstructorError(
                 None, None, f"duplicate key {key!r} (first defined on line {seen[key].line + 1})",
@@ -80,10 +86,25 @@ def _compose_node(self: _StrictLoader, parent: Any, index: Any) -> Any:
     return yaml.SafeLoader.compose_node(self, parent, index)
 
 
+def _construct_object(self: _StrictLoader, node: yaml.Node, deep: bool = False) -> Any:
+    """SafeLoader's constructors fail with plain Python errors on what they cannot read (``!!float abc``,
+    ``!!bool maybe``, ``!!timestamp x``, an integer past int()'s 4300 digits); make those YAML errors at
+    the node."""
+    try:
+        return yaml.SafeLoader.construct_object(self, node, deep=deep)
+    except (ValueError, TypeError, KeyError, AttributeError, OverflowError):
+        value = str(node.value) if isinstance(node, yaml.ScalarNode) else node.id
+        shown = value if len(value) <= 40 else value[:40] + "..."
+        raise yaml.constructor.ConstructorError(
+            None, None, f"cannot read {shown!r} as {node.tag.rsplit(':', 1)[-1]}", node.start_mark
+        ) from None
+
+
 _StrictLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
 _StrictLoader.add_constructor(_LEADING_ZERO_TAG, _reject_leading_zero)
 _StrictLoader.add_constructor("tag:yaml.org,2002:map", _construct_mapping)
 _StrictLoader.compose_node = _compose_node  # type: ignore[method-assign]
+_StrictLoader.construct_object = _construct_object  # type: ignore[method-assign]
 
 
 def parse_yaml(text: str, source: str) -> tuple[Any, dict[tuple[str, ...], int]]:
@@ -95,6 +116,17 @@ def parse_yaml(text: str, source: str) -> tuple[Any, dict[tuple[str, ...], int]]
             data = loader.construct_document(node) if node is not None else None
         finally:
             loader.dispose()
+        lines: dict[tuple[str, ...], int] = {}
+        if node is not None:
+            _collect_lines(node, (), lines)
+    except RecursionError:  # PyYAML composes and constructs recursively
+        raise ConfigError(f"{source}: YAML error: nested too deeply") from None
+    except yaml.reader.ReaderError as e:  # its text has two lines; give the place as the others do
+        line = text.count("\n", 0, e.position) + 1
+        column = e.position - (text.rfind("\n", 0, e.position) + 1) + 1
+        character = f"#x{e.character:04x}" if isinstance(e.character, int) else repr(e.character)
+        raise ConfigError(f"{source}:{line}:{column}: YAML error: unacceptable character {character}: "
+                          f"{e.reason}") from None
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
@@ -103,10 +135,7 @@ def parse_yaml(text: str, source: str) -> tuple[Any, dict[tuple[str, ...], int]]
                 else "YAML error")
         raise ConfigError(f"{where}: {kind}: {problem}") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"{source}: YAML error: {e}") from None
-    lines: dict[tuple[str, ...], int] = {}
-    if node is not None:
-        _collect_lines(node, (), lines)
+        raise ConfigError(f"{source}: YAML error: {' '.join(str(e).split())}") from None
     return data, lines
 
 
