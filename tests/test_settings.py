@@ -174,3 +174,22 @@ def test_deterministic_turns_on_torchs_deterministic_algorithms(tiny, tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     assert "DETERMINISTIC [True]" in result.stdout
     assert [r["loss"] for r in read_records(strict)] == [r["loss"] for r in read_records(plain)]
+
+
+def test_max_minutes_stops_the_run_on_its_clock(tiny, tmp_path):
+    run = tiny.copy_prepared(tmp_path / "run")
+    result = train_cli(tiny.config["transformer"], run, "train.max_steps=0", "train.max_epochs=100000",
+                       "train.max_minutes=0.05", "train.eval_every=100000", "train.save_every=100000")
+    assert result.returncode == 0, result.stderr
+    assert "(max_minutes)" in result.stdout
+    assert list((run / "checkpoints").glob("step_*.pt"))  # it saved on the way out
+
+
+def test_betas_and_weight_decay_reach_the_optimizer():
+    from attnmt.optim import make_optimizer
+
+    model = build_model(TransformerConfig(arch="transformer", d_model=16, n_heads=2, enc_layers=1,
+                                          dec_layers=1, d_ff=32), 30, 30)
+    optimizer = make_optimizer(model, TrainConfig(betas=(0.8, 0.95), weight_decay=0.1))
+    assert {tuple(g["betas"]) for g in optimizer.param_groups} == {(0.8, 0.95)}
+    assert sorted(g["weight_decay"] for g in optimizer.param_groups) == [0.0, 0.1]
