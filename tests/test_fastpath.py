@@ -249,3 +249,18 @@ def test_a_model_with_the_fast_path_still_trains_like_the_plain_one():
     twin(batch).logits.sum().backward()
     for (name, a), b in zip(model.named_parameters(), twin.parameters()):
         torch.testing.assert_close(b.grad, a.grad, atol=1e-6, rtol=1e-6, msg=name)
+
+
+def test_row_counts_fall_into_few_buckets_and_padding_changes_no_row():
+    """oneDNN caches a kernel per input shape: the rows are rounded up to 8 sizes per doubling (at most
+    12.5% more above 64), so the shapes decoding meets stay few; the padding rows change no real row."""
+    buckets = [fastpath.row_bucket(m) for m in range(1, 4097)]
+    assert all(b >= m for m, b in zip(range(1, 4097), buckets))
+    assert all(b <= m * 1.125 for m, b in zip(range(65, 4097), buckets[64:]))
+    assert len(set(buckets)) <= 64
+    torch.manual_seed(0)
+    layer = fastpath.PackedLinear(16, 24)
+    x = torch.randn(13, 16)  # 13 rows run as 16
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+        assert layer(x).shape == (13, 24)
