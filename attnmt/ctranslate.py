@@ -20,7 +20,6 @@ Where they differ: CTranslate2 normalises a beam's score by ``length ** alpha``,
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -32,6 +31,7 @@ from pathlib import Path
 import torch
 
 from .batching import token_batches
+from .checkpoint import sha256_file
 from .config import Config, config_from_dict
 from .data import clean
 from .decode import Hypothesis, Sampling, check_search_settings
@@ -54,14 +54,6 @@ def _ctranslate2():
         raise ConfigError("CTranslate2 is not installed: pip install 'attnmt[ct2]' "
                           "(or pip install ctranslate2)") from None
     return ctranslate2
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def is_export(path: Path) -> bool:
@@ -110,14 +102,13 @@ def _ffn(spec, ffn) -> None:
 
 def build_spec(model, cfg: Config, tokenizer: Tokenizer):
     """The CTranslate2 ``TransformerSpec`` of a ``TransformerModel`` with its weights and vocabularies."""
-    ct2 = _ctranslate2()
+    _ctranslate2()  # a clear error without the extra
     from ctranslate2.specs import common_spec, transformer_spec
 
     m = cfg.model
     spec = transformer_spec.TransformerSpec.from_config(
         (m.enc_layers, m.dec_layers), m.n_heads, pre_norm=m.norm == "pre",
         activation=common_spec.Activation.RELU if m.activation == "relu" else common_spec.Activation.GELU)
-    del ct2
     # Positions the folder must cover: the longest source (max_src_len pieces + EOS) and the longest output.
     d = cfg.decode
     rows = max(m.max_positions, d.max_src_len + 1, math.floor(d.max_len_a * d.max_src_len + d.max_len_b) + 2)
@@ -175,7 +166,6 @@ def export_ctranslate2(model_path: Path, out: Path, quantization: str = "float32
     why = _unsupported(cfg.model)
     if why is not None:
         raise ConfigError(f"{checkpoint}: cannot export to CTranslate2: {why}")
-    _ctranslate2()
     with torch.no_grad():
         spec = build_spec(model, cfg, tokenizer)
     try:

@@ -269,12 +269,7 @@ def measure_training(config: Path, run_dir: Path, steps: int, every: int, first:
                                 stderr=subprocess.STDOUT)
         trained = MetricsStep(run_dir / "metrics.jsonl")
         sampler = Sampler(proc.pid, trained, interval)
-        try:
-            returncode = proc.wait(timeout=timeout)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        returncode = wait_or_kill(proc, timeout)
         wall = round(time.monotonic() - start, 2)
         samples = sampler.stop()
     if returncode or trained() != steps:
@@ -282,6 +277,16 @@ def measure_training(config: Path, run_dir: Path, steps: int, every: int, first:
         sys.stderr.write(f"train: stopped at step {trained():,} of {steps:,}\n")
         returncode = returncode or 2  # stopping short is a failure of its own
     return judge("train", "step", command, returncode, wall, samples, first, steps, span, rss, counts)
+
+
+def wait_or_kill(proc: subprocess.Popen, timeout: float) -> int:
+    """The process's exit status; killed if it is still running when ``timeout`` runs out (or on error)."""
+    try:
+        return proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def toy_sources(n: int, seed: int = 7) -> Iterator[str]:
@@ -328,12 +333,7 @@ def measure_translate(model: Path, lines: int, first: int, interval: float, span
     for thread in threads:
         thread.start()
     sampler = Sampler(proc.pid, lambda: done[0], interval)
-    try:
-        returncode = proc.wait(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    returncode = wait_or_kill(proc, timeout)
     wall = round(time.monotonic() - start, 2)
     samples = sampler.stop()
     for thread in threads:

@@ -148,6 +148,17 @@ def curve(run_dir: Path, event: str = "train") -> list[dict]:
     return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in read_records(run_dir, event)]
 
 
+def trained_for_decoding(tiny: TinyRuns, run_dir: Path, save_every: int = 150) -> Path:
+    """A private copy of the tiny run trained to step 150 without dropout: outputs that end on their own
+    (the conftest reference, at step 30, still outputs empty lines)."""
+    tiny.copy_prepared(run_dir)
+    sets = ["train.max_steps=150", f"train.save_every={save_every}", "train.eval_every=1000",
+            "train.log_every=50", "model.dropout=0.0"]
+    result = train_cli(tiny.config["transformer"], run_dir, *sets)
+    assert result.returncode == 0, result.stderr
+    return run_dir
+
+
 class TinyRuns:
     """A prepared run folder of the tiny config and, made on first use, one uninterrupted reference run per
     architecture. Nothing here is modified by tests: ``copy_prepared`` gives a private run folder."""

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import OFFLINE_ENV, REPO, assert_one_error_line, hash_tree, train_cli
+from helpers import OFFLINE_ENV, REPO, assert_one_error_line, hash_tree, trained_for_decoding
 from typer.testing import CliRunner
 
 from attnmt.cli import app
@@ -33,12 +33,7 @@ SOURCES = [
 def run(tiny, tmp_path_factory) -> Path:
     """The tiny config trained to step 150 without dropout (the conftest reference, at step 30, still
     outputs empty lines); checkpoints at steps 100 and 150."""
-    run_dir = tiny.copy_prepared(tmp_path_factory.mktemp("translate") / "run")
-    sets = ["train.max_steps=150", "train.save_every=50", "train.eval_every=1000", "train.log_every=50",
-            "model.dropout=0.0"]
-    result = train_cli(tiny.config["transformer"], run_dir, *sets)
-    assert result.returncode == 0, result.stderr
-    return run_dir
+    return trained_for_decoding(tiny, tmp_path_factory.mktemp("translate") / "run", save_every=50)
 
 
 @pytest.fixture(scope="module")

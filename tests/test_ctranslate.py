@@ -19,7 +19,7 @@ from pathlib import Path
 import ctranslate2  # noqa: F401 - part of the test set-up (the ct2 extra): missing, these tests fail
 import pytest
 import torch
-from helpers import TINY_MODELS, assert_one_error_line, hash_tree, train_cli
+from helpers import TINY_MODELS, assert_one_error_line, hash_tree, train_cli, trained_for_decoding
 from typer.testing import CliRunner
 
 from attnmt.checkpoint import load_checkpoint, load_model, save_payload
@@ -43,12 +43,7 @@ def invoke(*args, input: str | None = None):
 @pytest.fixture(scope="module")
 def run(tiny, tmp_path_factory) -> Path:
     """The tiny config trained to step 150 without dropout (outputs that end on their own)."""
-    run_dir = tiny.copy_prepared(tmp_path_factory.mktemp("ct2") / "run")
-    sets = ["train.max_steps=150", "train.save_every=150", "train.eval_every=1000", "train.log_every=50",
-            "model.dropout=0.0"]
-    result = train_cli(tiny.config["transformer"], run_dir, *sets)
-    assert result.returncode == 0, result.stderr
-    return run_dir
+    return trained_for_decoding(tiny, tmp_path_factory.mktemp("ct2") / "run")
 
 
 @pytest.fixture(scope="module")
