@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 
 FORMAT = 1
 STEP_FILE = re.compile(r"^step_(\d{8})\.pt$")
+AVERAGE_FILE = "average.pt"  # train.average_last's average of the newest checkpoints, in RUN/checkpoints
 
 
 def step_file(step: int) -> str:
@@ -233,10 +234,12 @@ def diff_dicts(old: Any, new: Any, prefix: str = "") -> list[str]:
 
 # --------------------------------------------------------------------------------- training state
 
-# train.* keys that may change when a run resumes: they do not change what the steps compute.
+# train.* keys that may change when a run resumes: they do not change what the steps compute (precision
+# and device change only how: its rounding), or what is saved.
 RESUMABLE = {"max_steps", "max_epochs", "max_minutes", "valid_beam_size", "log_every", "eval_every",
              "save_every", "keep_last", "keep_best", "patience", "plot_every", "tensorboard", "run_dir",
-             "max_nonfinite", "compile", "device", "init_from"}
+             "max_nonfinite", "compile", "device", "init_from", "precision", "gradient_checkpointing",
+             "average_last"}
 
 
 # train.* keys added since checkpoints first recorded their dynamics, with the value every earlier run had:

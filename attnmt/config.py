@@ -215,9 +215,14 @@ class TrainConfig(Section):
     run_dir: Path | None = None
     """Where the run lives; default ``runs/<config name>`` in the working folder."""
     device: Device = Device.auto
-    precision: Literal["fp32", "bf16", "fp16"] = "bf16"
-    """Used on CUDA only; the CPU always trains in fp32."""
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    """Autocast dtype of training and validation, with fp32 master weights: ``bf16`` on CUDA or on a CPU
+    with native bf16 (AVX-512 BF16, AMX), ``fp16`` on CUDA only (adds a gradient scaler); ``auto`` is bf16 on
+    CUDA and fp32 on the CPU."""
     compile: Bool = False
+    gradient_checkpointing: Bool = False
+    """Transformer only: keep each layer's input alone and compute its inside again in the backward pass
+    (``torch.utils.checkpoint``), for less memory with deep models and long sentences; the same gradients."""
     seed: Int = 1
     deterministic: Bool = False
     lr: Annotated[float, Field(strict=True, gt=0.0, allow_inf_nan=False)] = 5e-4
@@ -257,10 +262,25 @@ class TrainConfig(Section):
     tensorboard: Bool = False
     alignment: GuidedAlignmentConfig | None = None
     """Guided alignment training; off unless given."""
+    average_last: Annotated[int, Field(strict=True, ge=0)] = 0
+    """At the end of a run, average the weights of the newest ``average_last`` checkpoints (at most
+    ``keep_last``) into ``RUN/checkpoints/average.pt`` and validate it; the run folder's best is the average
+    when it scores better. 0 = off."""
     init_from: Path | None = None
     """Fine-tuning: start a new run from this checkpoint's (or run folder's) weights, with its tokenizer;
     the model config must be the same; optimizer and schedule start fresh. Ignored once the run has a
     checkpoint of its own (a resume continues from that)."""
+
+
+    @model_validator(mode="after")
+    def _average_fits(self) -> TrainConfig:
+        if self.average_last == 1:
+            raise ValueError("average_last: 1 is no average; give 0 (off) or at least 2")
+        if self.average_last > self.keep_last:
+            raise ValueError(f"average_last ({self.average_last}) must not exceed keep_last "
+                             f"({self.keep_last}): "
+                             "the checkpoints averaged are the newest ones kept")
+        return self
 
 
 class DecodeConfig(Section):

@@ -39,8 +39,10 @@ def curves_figure(records: Sequence[dict], title: str = "") -> Figure:
     the dev set (the toy task), the dev AER beside them (right, its own axis, in %)."""
 
     def series(event: str, key: str) -> tuple[list[float], list[float]]:
+        # An average's validation (train.average_last) is not a point of the curve.
         points = [(r["step"], r[key]) for r in records
-                  if r.get("event") == event and isinstance(r.get(key), (int, float))
+                  if r.get("event") == event and not r.get("averaged")
+                  and isinstance(r.get(key), (int, float))
                   and isinstance(r.get("step"), (int, float))]
         return [p[0] for p in points], [p[1] for p in points]
 

@@ -57,6 +57,7 @@ class ValidRecord:
     chrf_signature: str
     example: str  # the first dev sentence's translation
     aer: float | None = None  # with gold alignments of the dev set (the toy task): the dev AER
+    averaged: list[int] | None = None  # train.average_last: the steps whose weights were averaged
 
     def score(self, metric: str) -> float:
         return getattr(self, metric)

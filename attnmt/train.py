@@ -14,6 +14,8 @@ The parts: ``step`` (one optimizer step and its normalisation), ``distributed`` 
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import logging
 import os
@@ -28,6 +30,9 @@ import torch
 
 from .batching import TokenBatchSampler, load_split
 from .checkpoint import (
+    AVERAGE_FILE,
+    STEP_FILE,
+    average_checkpoints,
     diff_dicts,
     fingerprint,
     latest_checkpoint,
@@ -36,7 +41,10 @@ from .checkpoint import (
     remove_stale_tmp,
     restore_training,
     save_checkpoint,
+    save_payload,
+    sha256_file,
     training_payload,
+    write_pointer,
 )
 from .config import Config, load_config
 from .data import describe_source
@@ -71,6 +79,9 @@ log = logging.getLogger(__name__)
 def preflight(cfg: Config) -> None:
     """What would fail only later, refused now, before the run folder is touched: validation scores the dev
     set with BLEU's tokenizer for the target language, which for Japanese and Korean needs MeCab."""
+    if cfg.train.gradient_checkpointing and cfg.model.arch != "transformer":
+        raise ConfigError(f"train.gradient_checkpointing: for the Transformer only (the {cfg.model.arch}'s "
+                          "layers run as one fused operation)")
     if cfg.data.dev is None:
         return
     tokenizer = bleu_tokenizer(cfg.data.tgt_lang)
@@ -78,6 +89,16 @@ def preflight(cfg: Config) -> None:
     if extra is not None:
         raise ConfigError(f"data.tgt_lang: {cfg.data.tgt_lang!r}: validation scores BLEU with sacrebleu's "
                           f"{tokenizer} tokenizer, which needs MeCab (pip install '{extra}')")
+
+
+def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
+    """``train.precision`` on ``device``: the autocast dtype, or None for fp32."""
+    if precision == "auto":
+        precision = "bf16" if device.type == "cuda" else "fp32"
+    if precision == "fp16" and device.type != "cuda":
+        raise ConfigError("train.precision: fp16 needs CUDA (its gradient scaler); on the CPU use bf16 or "
+                          "fp32")
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
 
 
 class Interrupted(Exception):
@@ -117,6 +138,7 @@ class Trainer:
         preflight(cfg)
         self.cfg, self.tc, self.run, self.faults = cfg, cfg.train, run, faults
         self.device = choose_device(self.tc.device)
+        autocast_dtype(self.tc.precision, self.device)  # refused here, before the run folder is touched
         self.dist = setup_distributed(self.device)
         self.log = MetricsLog(run, self.dist.main, report, self.elapsed)
         self.keeper = CheckpointKeeper(run, self.tc.keep_last, self.tc.keep_best, self.tc.metric)
@@ -243,11 +265,14 @@ class Trainer:
         tokenizer = self.tokenizer
         self.model = build_model(self.cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size,
                                  PAD_ID).to(self.device)
+        self.model.gradient_checkpointing = self.tc.gradient_checkpointing
         self.optimizer = make_optimizer(self.model, self.tc)
         self.schedule = Schedule.from_config(self.tc, self.total_steps)
-        on_cuda = self.device.type == "cuda"
-        self.autocast_dtype = ({"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.tc.precision)
-                               if on_cuda else None)
+        self.autocast_dtype = autocast_dtype(self.tc.precision, self.device)
+        if (self.autocast_dtype == torch.bfloat16 and self.device.type == "cpu"
+                and not torch.ops.mkldnn._is_mkldnn_bf16_supported()):
+            self.log.show(Message("train.precision: bf16 on a CPU without native bf16 (AVX-512 BF16 or AMX): "
+                                  "it is emulated, and slower than fp32"))
         self.scaler = torch.amp.GradScaler("cuda") if self.autocast_dtype == torch.float16 else None
 
     def _restore(self, path, payload: dict) -> None:
@@ -272,12 +297,18 @@ class Trainer:
             reason = self._train_epoch()
         if reason is StopReason.signal:
             if self._last_saved != p.step:
-                self.save()
+                self.save()  # first, so that a second signal during the validation loses no step
+            if self.validator is not None and self._last_eval != p.step:
+                # The last weights are validated, so the run folder's best can be them.
+                self.validation_round()
+                self.save()  # with this validation's counters (best score, patience)
             raise Interrupted(self.stop_signal or signal.SIGTERM, p.step)
         if self.validator is not None and self._last_eval != p.step and self.validation_round():
             reason = StopReason.early_stopping
         p.finished, p.early_stopped = True, reason is StopReason.early_stopping
         self.save()
+        if self.tc.average_last:
+            self.average_last()
         end = Finished(p.step, reason, p.best_score, p.best_step)
         self.log.show(end)
         return end
@@ -424,6 +455,44 @@ class Trainer:
             if self.dist.main:
                 self.keeper.saved_best(p.best, pointer)
         return bool(self.tc.patience) and p.evals_without_improvement >= self.tc.patience
+
+    def average_last(self) -> None:
+        """``train.average_last``: the newest k checkpoints averaged into ``average.pt`` and validated (rank
+        0); ``best.json`` names the average when it scores better than the best checkpoint."""
+        if self.dist.main:
+            k, run = self.tc.average_last, self.run
+            files = sorted(path for path in run.checkpoints.glob("step_*.pt") if STEP_FILE.match(path.name))
+            files = files[-k:]
+            if len(files) < 2:
+                self.log.show(Message(f"train.average_last: {len(files)} checkpoint, nothing to average"))
+            else:
+                self._save_average(files)
+        self.dist.barrier()
+
+    def _save_average(self, files: list[Path]) -> None:
+        payload = average_checkpoints(files)
+        out = self.run.checkpoints / AVERAGE_FILE
+        save_payload(payload, out)
+        steps = [int(STEP_FILE.match(path.name).group(1)) for path in files]
+        text = f"averaged the checkpoints of steps {', '.join(map(str, steps))} into {out}"
+        if self.validator is None:
+            self.log.show(Message(text))
+            return
+        model = copy.deepcopy(self.model)
+        model.load_state_dict(payload["model"], strict=True)
+        result = dataclasses.replace(self.validator.validate(model, self.progress.step), averaged=steps)
+        self.log.record(result)
+        score, best = result.score(self.tc.metric), read_pointer(self.run, "best")
+        better = best.get("score") is None or (score > best["score"] if self.keeper.higher_is_better
+                                               else score < best["score"])
+        if better:
+            write_pointer(self.run, "best", {**best, "step": self.progress.step, "score": score,
+                                             "file": AVERAGE_FILE, "sha256": sha256_file(out),
+                                             "averaged_from": [path.name for path in files]})
+        single = best.get("score", float("nan"))
+        self.log.show(Message(f"{text}: dev {self.tc.metric} {score:.2f} against {single:.2f} for the best "
+                              f"checkpoint; the run folder's best is "
+                              f"{'the average' if better else 'still that checkpoint'}"))
 
     def save(self) -> dict:
         """Save the full training state (rank 0); every rank waits until it is on disk."""

@@ -4,13 +4,15 @@
     python scripts/bench_train.py --joey 240            # ... and JoeyNMT for 240 s each
                                                         # (needs ../shared/peers/setup.sh)
     python scripts/bench_train.py --device cuda --archs transformer --steps 300   # on a GPU: bf16 autocast
+    python scripts/bench_train.py --precision bf16 --compile off on   # torch.compile against eager
+    python scripts/bench_train.py --parts               # a step's pieces against what they replaced
 
 For each recipe, in a fresh child process: prepare the data (not timed), run 5 warm-up steps, then time
 ``--steps`` optimizer steps and report source + target non-pad tokens per second, target tokens per
 second, peak resident memory, and model FLOP utilisation: the FLOPs of one measured training step
 (``torch.utils.flop_counter.FlopCounterMode``, forward + backward) times steps per second, over the
-fp32 matmul peak of this machine measured in the same run (``torch.mm`` on 2048 x 2048, as the peers'
-``matmul_peak.py`` does). JoeyNMT runs the peers' configs (same dims, batch 4096
+matmul peak of the precision used (fp32 or bf16), measured in the same run (``torch.mm`` on 2048 x 2048,
+as the peers' ``matmul_peak.py`` does). JoeyNMT runs the peers' configs (same dims, batch 4096
 tokens) under ``../shared/peers/run_joey.sh`` and its logged target tokens/s is compared with ours.
 """
 
@@ -35,11 +37,13 @@ RECIPES = {"transformer": "configs/multi30k_de_en_transformer.yaml",
 JOEY_NAMES = {"transformer": "transformer", "lstm": "rnn"}
 
 
-def matmul_peak(threads: int) -> float:
+def matmul_peak(threads: int, dtype: str = "fp32") -> float:
     import torch
 
     torch.set_num_threads(threads)
-    a, b, c = torch.randn(2048, 2048), torch.randn(2048, 2048), torch.empty(2048, 2048)
+    kind = torch.bfloat16 if dtype == "bf16" else torch.float32
+    a, b, c = (torch.randn(2048, 2048, dtype=kind), torch.randn(2048, 2048, dtype=kind),
+               torch.empty(2048, 2048, dtype=kind))
     for _ in range(3):
         torch.mm(a, b, out=c)
     times = []
@@ -50,7 +54,8 @@ def matmul_peak(threads: int) -> float:
     return 2 * 2048**3 / statistics.median(times) / 1e9
 
 
-def child(arch: str, steps: int, threads: int, data: str | None, device: str, precision: str) -> dict:
+def child(arch: str, steps: int, threads: int, data: str | None, device: str, precision: str,
+          compile_: bool) -> dict:
     """One recipe in this process: returns its measurements."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
@@ -61,7 +66,8 @@ def child(arch: str, steps: int, threads: int, data: str | None, device: str, pr
     from attnmt.train import Trainer
 
     torch.set_num_threads(threads)
-    overrides = [f"train.device={device}", f"train.precision={precision}"]
+    overrides = [f"train.device={device}", f"train.precision={precision}",
+                 f"train.compile={str(compile_).lower()}"]
     if data:
         for split, name in (("train", "train"), ("dev", "val"), ("test", "test_2016_flickr")):
             overrides += [f"data.{split}.src={data}/{name}.de.gz", f"data.{split}.tgt={data}/{name}.en.gz"]
@@ -73,8 +79,10 @@ def child(arch: str, steps: int, threads: int, data: str | None, device: str, pr
         batches = trainer.sampler.batches(0)
         accum = cfg.train.accum_steps
         groups = [batches[i : i + accum] for i in range(0, len(batches), accum)]
+        start = time.perf_counter()
         for group in groups[:5]:
             trainer.train_step(group)
+        warmup_seconds = time.perf_counter() - start  # with compile: the compilation, mostly
         with FlopCounterMode(display=False) as counter:
             trainer.train_step(groups[5])
         flops_per_token = counter.get_total_flops() / sum(
@@ -93,7 +101,9 @@ def child(arch: str, steps: int, threads: int, data: str | None, device: str, pr
         seconds = time.perf_counter() - start
     return {
         "device": device,
-        "precision": precision if device == "cuda" else "fp32",
+        "precision": precision,
+        "compile": compile_,
+        "warmup_seconds": warmup_seconds,
         "peak_gpu_mib": torch.cuda.max_memory_allocated() / 2**20 if device == "cuda" else None,
         "arch": arch,
         "parameters": sum(p.numel() for p in trainer.model.parameters()),
@@ -104,6 +114,68 @@ def child(arch: str, steps: int, threads: int, data: str | None, device: str, pr
         "flops_per_token": flops_per_token,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
+
+
+def parts(threads: int) -> None:
+    """The pieces of a training step that the profile of a Multi30k Transformer step put on top, each
+    against what it replaced, forward + backward, in this one process (median of 10 after 2 warm-ups)."""
+    import torch
+    import torch.nn.functional as F
+
+    sys.path.insert(0, str(REPO))
+    from attnmt.config import load_config
+    from attnmt.dropout import dropout
+    from attnmt.kernels import math_attention
+    from attnmt.loss import SmoothedCrossEntropy
+    from attnmt.models import build_model
+    from attnmt.optim import make_optimizer
+
+    torch.set_num_threads(threads)
+
+    def ms(f) -> float:
+        for _ in range(2):
+            f()
+        times = []
+        for _ in range(10):
+            t = time.perf_counter()
+            f()
+            times.append(time.perf_counter() - t)
+        return 1000 * statistics.median(times)
+
+    rows = []
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(4096, 1024, dtype=dtype, requires_grad=True)  # a feed-forward activation
+        rows.append((f"dropout 0.2 on 4096x1024 {str(dtype)[6:]}", "F.dropout (bernoulli_)",
+                     ms(lambda x=x: F.dropout(x, 0.2, True).sum().backward()),
+                     "attnmt.dropout (rand)", ms(lambda x=x: dropout(x, 0.2).sum().backward())))
+    logits = torch.randn(3500, 8000, requires_grad=True)  # a batch's target pieces x the vocabulary
+    target = torch.randint(1, 8000, (3500,))
+    real = torch.ones(3500, dtype=torch.bool)
+
+    def two_cross_entropies():
+        loss = F.cross_entropy(logits, target, reduction="sum", label_smoothing=0.1)
+        with torch.no_grad():
+            F.cross_entropy(logits, target, reduction="sum")
+        loss.backward()
+
+    rows.append(("loss + nll, 3500 x 8000", "F.cross_entropy twice", ms(two_cross_entropies),
+                 "SmoothedCrossEntropy", ms(lambda: SmoothedCrossEntropy.apply(logits, target, real, 0.1)[0]
+                                            .backward())))
+    q, k, v = (torch.randn(150, 4, 27, 64, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    mask = torch.ones(150, 1, 1, 27, dtype=torch.bool)
+    mask[::2, :, :, 20:] = False
+    rows.append(("attention bf16 (150, 4, 27, 64)", "SDPA (fused CPU kernel)",
+                 ms(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask).sum().backward()),
+                 "math, softmax in fp32", ms(lambda: math_attention(q, k, v, mask)[0].sum().backward())))
+    model = build_model(load_config(REPO / RECIPES["transformer"]).model, 8000, 8000)
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    plain = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    fused = make_optimizer(model, load_config(REPO / RECIPES["transformer"]).train)
+    rows.append(("AdamW step, 7.6M parameters", "per-tensor loop", ms(plain.step), "fused", ms(fused.step)))
+    print(f"{'piece':<34}{'before':<26}{'ms':>8}   {'now':<24}{'ms':>8}{'speed-up':>10}")
+    for piece, old, old_ms, new, new_ms in rows:
+        print(f"{piece:<34}{old:<26}{old_ms:>8.1f}   {new:<24}{new_ms:>8.1f}{old_ms / new_ms:>9.2f}x")
 
 
 def run_joey(arch: str, budget: int) -> dict | None:
@@ -131,44 +203,63 @@ def main() -> None:
     ap.add_argument("--data", help="folder with Multi30k {train,val,test_2016_flickr}.{de,en}.gz "
                                    "(default: the recipes' paths)")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    ap.add_argument("--precision", default="bf16", choices=["fp32", "bf16", "fp16"],
-                    help="autocast dtype on CUDA")
+    ap.add_argument("--precision", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16", "fp16"],
+                    help="train.precision values to measure, each in its own child (fp16: CUDA only)")
+    ap.add_argument("--compile", nargs="+", default=["off"], choices=["off", "on"],
+                    help="train.compile values to measure (on: torch.compile; its compile time is reported "
+                         "apart, as warm-up seconds)")
     ap.add_argument("--joey", type=int, default=0, metavar="SECONDS",
                     help="also run JoeyNMT for this many seconds per arch")
+    ap.add_argument("--parts", action="store_true",
+                    help="time the pieces of a step against what they replaced, and nothing else")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.parts:
+        parts(args.threads)
+        return
     if args.child:
         print("RESULT " + json.dumps(child(args.child, args.steps, args.threads, args.data, args.device,
-                                           args.precision)))
+                                           args.precision[0], args.compile[0] == "on")))
         return
 
-    peak = matmul_peak(args.threads) if args.device == "cpu" else float("nan")
-    print(f"fp32 matmul peak (torch.mm 2048, {args.threads} threads): {peak:.1f} GFLOP/s"
-          if args.device == "cpu"
-          else "on CUDA: MFU is not computed (no measured peak); see peak GPU memory instead")
+    on_cpu = args.device == "cpu"
+    peaks = {dtype: matmul_peak(args.threads, dtype) for dtype in ("fp32", "bf16")} if on_cpu else {}
+    for dtype, peak in peaks.items():
+        print(f"{dtype} matmul peak (torch.mm 2048, {args.threads} threads): {peak:.1f} GFLOP/s")
+    if not peaks:
+        print("on CUDA: MFU is not computed (no measured peak); see peak GPU memory instead")
     rows = []
     for arch in args.archs:
-        cmd = [sys.executable, __file__, "--child", arch, "--steps", str(args.steps),
-               "--threads", str(args.threads), "--device", args.device, "--precision", args.precision]
-        if args.data:
-            cmd += ["--data", args.data]
-        out = subprocess.run(cmd, capture_output=True, text=True,
-                             env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})
-        line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
-        if line is None:
-            sys.exit(f"{arch} failed:\n{out.stderr[-3000:]}")
-        result = json.loads(line[7:])
-        result["mfu"] = result["flops_per_token"] * result["tokens_per_s"] / (peak * 1e9)
-        result["joey"] = run_joey(arch, args.joey) if args.joey else None
-        rows.append(result)
+        joey = run_joey(arch, args.joey) if args.joey else None
+        for precision in args.precision:
+            for compile_ in args.compile:
+                cmd = [sys.executable, __file__, "--child", arch, "--steps", str(args.steps),
+                       "--threads", str(args.threads), "--device", args.device, "--precision", precision,
+                       "--compile", compile_]
+                if args.data:
+                    cmd += ["--data", args.data]
+                out = subprocess.run(cmd, capture_output=True, text=True,
+                                     env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})
+                line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
+                if line is None:
+                    sys.exit(f"{arch} {precision} compile {compile_} failed:\n{out.stderr[-3000:]}")
+                result = json.loads(line[7:])
+                # MFU against the matmul peak of the precision the products ran in.
+                peak = peaks.get("bf16" if precision == "bf16" else "fp32", float("nan"))
+                result["mfu"] = result["flops_per_token"] * result["tokens_per_s"] / (peak * 1e9)
+                result["joey"] = joey
+                rows.append(result)
 
-    print(f"\n{'recipe':<12}{'params':>11}{'tok/s (src+tgt)':>17}{'tgt tok/s':>11}{'peak MiB':>10}{'MFU':>7}"
-          f"{'JoeyNMT tgt tok/s':>19}{'ratio':>7}")
+    print(f"\n{'recipe':<12}{'precision':>10}{'compile':>8}{'warm-up s':>10}{'params':>11}"
+          f"{'tok/s (src+tgt)':>17}{'tgt tok/s':>11}{'peak MiB':>10}{'MFU':>7}{'JoeyNMT tgt tok/s':>19}"
+          f"{'ratio':>7}")
     for r in rows:
         joey = r["joey"]["tgt_tokens_per_s"] if r["joey"] else None
         joey_text = f"{joey:,.0f}" if joey else "-"
         ratio_text = f"{r['tgt_tokens_per_s'] / joey:.2f}x" if joey else "-"
-        print(f"{r['arch']:<12}{r['parameters']:>11,}{r['tokens_per_s']:>17,.0f}{r['tgt_tokens_per_s']:>11,.0f}"
+        compiled = "on" if r["compile"] else "off"
+        print(f"{r['arch']:<12}{r['precision']:>10}{compiled:>8}{r['warmup_seconds']:>10.1f}{r['parameters']:>11,}"
+              f"{r['tokens_per_s']:>17,.0f}{r['tgt_tokens_per_s']:>11,.0f}"
               f"{r['peak_rss_mib']:>10,.0f}{r['mfu']:>7.1%}{joey_text:>19}{ratio_text:>7}")
     print("\n" + json.dumps(rows))
 

@@ -183,3 +183,29 @@ def test_kernels_ignore_extra_padded_keys(name):
     torch.testing.assert_close(context2, context)
 
 
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("case", ["none", "padding"])
+def test_sdpa_in_bf16_on_the_cpu_follows_the_fp32_result(case, causal):
+    """bf16 on the CPU takes the written-out products with the softmax in fp32 (faster there than SDPA's
+    fused kernel): the result is the float64 one to bf16 rounding, fully masked rows included."""
+    T = S = 9
+    q, k, v = qkv(T=T, S=S, d=16)
+    mask = MASK_CASES[case](T, S)
+    expected, _ = math_attention(q, k, v, mask, causal)
+    context, none = sdpa_attention(*(x.bfloat16() for x in (q, k, v)), mask, causal)
+    assert none is None and context.dtype == torch.bfloat16
+    torch.testing.assert_close(context.double(), expected, rtol=0.03, atol=0.03)
+    # Teeth: fp32 inputs round far closer than that.
+    fp32, _ = sdpa_attention(*(x.float() for x in (q, k, v)), mask, causal)
+    assert (fp32.double() - expected).abs().max() < 1e-5 < (context.double() - expected).abs().max()
+
+
+def test_math_softmax_runs_in_fp32_under_bf16():
+    """A bf16 softmax would round the weights to 8 bits before they are normalised; in fp32 each row sums
+    to 1 within bf16's own rounding of the result."""
+    q, k, v = (x.bfloat16() for x in qkv(T=5, S=40, d=8))
+    _, weights = math_attention(q, k, v, key_padding([40, 17], 40))
+    assert weights.dtype == torch.bfloat16
+    torch.testing.assert_close(weights.double().sum(-1), torch.ones(2, 2, 5, dtype=f64), rtol=0, atol=8e-3)

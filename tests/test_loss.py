@@ -116,6 +116,36 @@ def test_low_precision_logits_give_an_fp32_loss():
     torch.testing.assert_close(out.loss.double(), expected, **TOL)
 
 
+@pytest.mark.parametrize("smoothing", [0.0, 0.1, 1.0])
+def test_written_out_gradient_passes_gradcheck_and_equals_f_cross_entropys(smoothing):
+    """The hand-written backward against autograd's numerical derivative (float64), and the loss and its
+    gradient against ``F.cross_entropy(label_smoothing=...)`` (the oracle), padded rows left out."""
+    from attnmt.loss import SmoothedCrossEntropy
+
+    logits, target = example()
+    flat, flat_target = logits.flatten(0, 1).requires_grad_(True), target.flatten()
+    real = flat_target != 0
+    assert torch.autograd.gradcheck(
+        lambda x: SmoothedCrossEntropy.apply(x, flat_target, real, smoothing)[0], (flat,))
+    loss, _ = SmoothedCrossEntropy.apply(flat, flat_target, real, smoothing)
+    (grad,) = torch.autograd.grad(loss, flat)
+    reference = torch.nn.functional.cross_entropy(flat, flat_target, ignore_index=0, reduction="sum",
+                                                  label_smoothing=smoothing)
+    (expected,) = torch.autograd.grad(reference, flat)
+    torch.testing.assert_close(loss, reference)
+    torch.testing.assert_close(grad, expected)
+
+
+def test_bf16_logits_get_a_bf16_gradient_and_non_finite_pad_rows_stay_out():
+    logits, target = example()
+    logits[target == 0] = float("inf")  # what a padded row holds does not matter, not even inf
+    half = logits.bfloat16().requires_grad_(True)
+    out = label_smoothed_nll(half, target, 0, 0.1)
+    out.loss.backward()
+    assert half.grad.dtype == torch.bfloat16 and torch.isfinite(half.grad).all()
+    assert torch.isfinite(out.loss) and torch.all(half.grad[target == 0] == 0)
+
+
 # ------------------------------------------------------------------------------- guided alignment
 
 

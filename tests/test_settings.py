@@ -1,18 +1,20 @@
 """Settings that change what training computes, each with a test that fails if the setting stopped working:
 ``clip_norm``, ``keep_best`` above 1 with ``metric: loss`` and ``metric: chrf``, the plateau schedule's
 ``plateau_patience`` and ``plateau_factor``, ``tensorboard`` (its event file read back) and ``compile`` on
-the CPU. (The others have theirs where they live: tests/test_step.py, test_optim.py, test_train.py,
+the CPU, ``precision`` on the CPU (bf16; fp16 refused), ``gradient_checkpointing`` and ``average_last``.
+(The others have theirs where they live: tests/test_step.py, test_optim.py, test_train.py,
 test_keeper.py; the note of issue 15 lists them.)"""
 
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 
 import pytest
 import torch
-from helpers import REPO, read_records, train_args, train_cli, train_env
+from helpers import REPO, assert_one_error_line, read_records, train_args, train_cli, train_env
 
 from attnmt.batching import EncodedSplit
 from attnmt.config import TrainConfig, TransformerConfig
@@ -183,6 +185,11 @@ def test_max_minutes_stops_the_run_on_its_clock(tiny, tmp_path):
     assert result.returncode == 0, result.stderr
     assert "(max_minutes)" in result.stdout
     assert list((run / "checkpoints").glob("step_*.pt"))  # it saved on the way out
+    # ... after validating its last weights (eval_every alone would never have), so that the run
+    # folder's best pointer can name them.
+    last = read_records(run)[-1]["step"]
+    assert [r["step"] for r in read_records(run, "valid")] == [last]
+    assert json.loads((run / "checkpoints" / "best.json").read_text())["step"] == last
 
 
 def test_betas_and_weight_decay_reach_the_optimizer():
@@ -193,3 +200,136 @@ def test_betas_and_weight_decay_reach_the_optimizer():
     optimizer = make_optimizer(model, TrainConfig(betas=(0.8, 0.95), weight_decay=0.1))
     assert {tuple(g["betas"]) for g in optimizer.param_groups} == {(0.8, 0.95)}
     assert sorted(g["weight_decay"] for g in optimizer.param_groups) == [0.0, 0.1]
+
+
+# ------------------------------------------------------------------ precision, checkpointing, averaging
+
+
+def tiny_step(precision_dtype, seed: int = 0) -> tuple[OptimizerStep, float]:
+    """A tiny Transformer's first AdamW step under ``precision_dtype`` autocast (None: fp32), with dropout;
+    returns the step and its loss per target token."""
+    from attnmt.optim import make_optimizer
+
+    torch.manual_seed(seed)
+    generator = torch.Generator().manual_seed(seed)
+    src = [torch.randint(4, 30, (n,), generator=generator).tolist() for n in (3, 7, 5, 4)]
+    tgt = [torch.randint(4, 30, (n,), generator=generator).tolist() for n in (6, 2, 5, 8)]
+    cfg = TrainConfig(lr=1e-2, warmup_steps=0, schedule="constant")
+    model = build_model(TransformerConfig(arch="transformer", d_model=32, n_heads=2, enc_layers=2,
+                                          dec_layers=2, d_ff=64, dropout=0.1), 30, 30)
+    step = OptimizerStep(model, model, model, make_optimizer(model, cfg), Schedule.from_config(cfg, 10), None,
+                         precision_dtype, Dist(), torch.device("cpu"), cfg,
+                         EncodedSplit(src, tgt, ["" for _ in src]), NO_FAULTS)
+    losses = [step([[0, 1, 2, 3]], s, lambda: False, lambda: False) for s in (1, 2, 3)]
+    return step, [r.loss / r.tgt_tokens for r in losses]
+
+
+def test_bf16_on_the_cpu_trains_finite_and_close_to_fp32_with_fp32_weights():
+    fp32_step, fp32 = tiny_step(None)
+    bf16_step, bf16 = tiny_step(torch.bfloat16)
+    assert all(math.isfinite(x) for x in bf16)
+    assert bf16 == pytest.approx(fp32, rel=0.02)
+    assert bf16 != fp32  # teeth: the products did run in bf16
+    assert {p.dtype for p in bf16_step.model.parameters()} == {torch.float32}  # master weights stay fp32
+    assert fp32[2] < fp32[0] and bf16[2] < bf16[0]  # both learn
+
+
+def test_precision_bf16_reaches_the_cpu_run_and_fp16_is_refused_before_the_folder_is_touched(tiny, tmp_path):
+    sets = ("train.max_steps=2", "train.log_every=1", "train.eval_every=2", "train.save_every=100")
+    plain, bf16 = tiny.copy_prepared(tmp_path / "fp32"), tiny.copy_prepared(tmp_path / "bf16")
+    assert train_cli(tiny.config["transformer"], plain, *sets).returncode == 0
+    result = train_cli(tiny.config["transformer"], bf16, *sets, "train.precision=bf16")
+    assert result.returncode == 0, result.stderr
+    a, b = read_records(plain), read_records(bf16)
+    assert [r["loss"] for r in b] == pytest.approx([r["loss"] for r in a], rel=0.03)
+    assert [r["loss"] for r in b] != [r["loss"] for r in a]
+    assert all(math.isfinite(r["loss"]) for r in read_records(bf16, "valid"))
+    fresh = tmp_path / "fp16"
+    result = train_cli(tiny.config["transformer"], fresh, "train.precision=fp16")
+    assert result.returncode == 2
+    assert "train.precision: fp16 needs CUDA" in assert_one_error_line(result.stderr)
+    assert sorted(p.name for p in fresh.iterdir()) == [".lock"]  # refused before anything was prepared
+
+
+def test_gradient_checkpointing_gives_the_plain_gradients(monkeypatch):
+    """torch.utils.checkpoint per layer, with dropout on: the recomputation draws the same masks, so the
+    gradients are the plain run's."""
+    cfg = TransformerConfig(arch="transformer", d_model=32, n_heads=2, enc_layers=3, dec_layers=3, d_ff=64,
+                            dropout=0.3, attn_dropout=0.1)
+    generator = torch.Generator().manual_seed(0)
+    src = [torch.randint(4, 30, (n,), generator=generator).tolist() for n in (3, 7, 5, 4)]
+    tgt = [torch.randint(4, 30, (n,), generator=generator).tolist() for n in (6, 2, 5, 8)]
+    batch = EncodedSplit(src, tgt, ["" for _ in src]).batch([0, 1, 2, 3])
+    real, seen = torch.utils.checkpoint.checkpoint, []
+
+    def counting(*args, **kwargs):
+        seen.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch.utils.checkpoint, "checkpoint", counting)
+    grads, calls = {}, {}
+    for on in (False, True):
+        torch.manual_seed(0)
+        model = build_model(cfg, 30, 30)
+        model.gradient_checkpointing = on
+        seen.clear()
+        torch.manual_seed(1)
+        model(batch).logits.float().logsumexp(-1).sum().backward()
+        grads[on] = [p.grad.clone() for p in model.parameters()]
+        calls[on] = len(seen)
+    assert calls == {False: 0, True: 6}  # every layer, and only with the key on
+    for plain, checkpointed in zip(grads[False], grads[True]):
+        torch.testing.assert_close(checkpointed, plain, rtol=1e-5, atol=1e-7)
+
+
+def test_gradient_checkpointing_trains_the_same_run_and_is_refused_for_the_lstm(tiny, tmp_path):
+    sets = ("train.max_steps=3", "train.log_every=1", "train.eval_every=100", "train.save_every=100")
+    plain, checkpointed = tiny.copy_prepared(tmp_path / "plain"), tiny.copy_prepared(tmp_path / "ckpt")
+    assert train_cli(tiny.config["transformer"], plain, *sets).returncode == 0
+    result = train_cli(tiny.config["transformer"], checkpointed, *sets, "train.gradient_checkpointing=true")
+    assert result.returncode == 0, result.stderr
+    assert [r["loss"] for r in read_records(checkpointed)] == pytest.approx(
+        [r["loss"] for r in read_records(plain)], rel=1e-5)
+    result = train_cli(tiny.config["lstm"], tmp_path / "lstm", "train.gradient_checkpointing=true")
+    assert result.returncode == 2
+    assert "train.gradient_checkpointing: for the Transformer only" in assert_one_error_line(result.stderr)
+    assert not (tmp_path / "lstm").exists()  # refused before the run folder was made
+
+
+def test_average_last_writes_the_mean_of_the_newest_checkpoints_and_validates_it(tiny, tmp_path):
+    from attnmt.checkpoint import load_checkpoint, read_pointer
+    from attnmt.runfiles import RunDir
+
+    run = tiny.copy_prepared(tmp_path / "run")
+    # Saves at 4, 8 and 12; the one validation is the last weights' (step 12), then the average's.
+    result = train_cli(tiny.config["transformer"], run, "train.max_steps=12", "train.save_every=4",
+                       "train.eval_every=100", "train.keep_last=3", "train.average_last=3")
+    assert result.returncode == 0, result.stderr
+    folder = run / "checkpoints"
+    steps = [load_checkpoint(folder / f"step_{s:08d}.pt")["model"] for s in (4, 8, 12)]
+    average = load_checkpoint(folder / "average.pt")
+    assert average["averaged_from"] == [f"step_{s:08d}.pt" for s in (4, 8, 12)]
+    for name, tensor in average["model"].items():
+        if tensor.is_floating_point():
+            expected = sum(s[name].double() for s in steps) / 3
+            torch.testing.assert_close(tensor.double(), expected, rtol=1e-6, atol=1e-7)
+    assert not torch.equal(steps[0]["output.weight"], steps[2]["output.weight"])  # teeth: they differ
+    # Its validation is recorded apart from the curve, and the best pointer follows the better score.
+    valid = read_records(run, "valid")
+    assert [(r["step"], r["averaged"]) for r in valid] == [(12, None), (12, [4, 8, 12])]
+    best = read_pointer(RunDir(run), "best")
+    if valid[1]["bleu"] > valid[0]["bleu"]:
+        assert best["file"] == "average.pt" and best["averaged_from"] == average["averaged_from"]
+    else:
+        assert best["file"] == "step_00000012.pt" and best["score"] == valid[0]["bleu"]
+    assert "averaged the checkpoints of steps 4, 8, 12" in result.stdout
+
+
+@pytest.mark.parametrize("sets, words", [
+    (("train.average_last=1",), "average_last: 1 is no average"),
+    (("train.average_last=3", "train.keep_last=2"), "must not exceed keep_last (2)"),
+])
+def test_average_last_out_of_range_is_one_line_naming_the_key(tiny, tmp_path, sets, words):
+    result = train_cli(tiny.config["transformer"], tmp_path / "run", *sets)
+    assert result.returncode == 2
+    assert words in assert_one_error_line(result.stderr)

@@ -84,7 +84,9 @@ class TrainReporter:
             else:
                 self.console.print(f"step {event.step}  {status}", highlight=False)
         elif isinstance(event, ValidRecord):
-            table = Table(title=f"validation at step {event.step}", title_justify="left")
+            title = (f"validation at step {event.step}" if event.averaged is None else
+                     f"validation of the average of steps {', '.join(map(str, event.averaged))}")
+            table = Table(title=title, title_justify="left")
             columns = ["loss", "ppl", "BLEU", "chrF"] + (["AER"] if event.aer is not None else [])
             for column in columns:
                 table.add_column(column, justify="right")

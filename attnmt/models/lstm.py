@@ -22,6 +22,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from ..attention import Attention
 from ..config import LSTMConfig
+from ..dropout import Dropout
 from .protocol import DecoderState, ModelOutput, per_row, per_sentence, select_rows, to_blocks
 
 
@@ -52,7 +53,7 @@ class LSTMModel(nn.Module):
         self.src_embed = nn.Embedding(src_vocab_size, E, padding_idx=pad_id)
         self.tgt_embed = (self.src_embed if cfg.share_embeddings
                           else nn.Embedding(tgt_vocab_size, E, padding_idx=pad_id))
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
         self.encoder = nn.LSTM(E, H, cfg.enc_layers, batch_first=True, bidirectional=True,
                                dropout=cfg.dropout if cfg.enc_layers > 1 else 0.0)
         # Bridge: the encoder's final states (both directions) -> the decoder's initial h and c per layer.

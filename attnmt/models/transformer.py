@@ -14,10 +14,12 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.utils.checkpoint
 from torch import nn
 
 from ..attention import MultiHeadAttention
 from ..config import TransformerConfig
+from ..dropout import Dropout
 from ..kernels import Kernel, sparse_attention
 from .protocol import DecoderState, ModelOutput, per_sentence, select_rows
 
@@ -64,7 +66,7 @@ class FeedForward(nn.Sequential):
 
     def __init__(self, d_model: int, d_ff: int, activation: str, dropout: float) -> None:
         super().__init__(nn.Linear(d_model, d_ff), nn.ReLU() if activation == "relu" else nn.GELU(),
-                         nn.Dropout(dropout), nn.Linear(d_ff, d_model))
+                         Dropout(dropout), nn.Linear(d_ff, d_model))
 
 
 class Sublayer(nn.Module):
@@ -73,7 +75,7 @@ class Sublayer(nn.Module):
     def __init__(self, d_model: int, dropout: float, pre_norm: bool) -> None:
         super().__init__()
         self.norm = nn.LayerNorm(d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.pre_norm = pre_norm
 
     def forward(self, x: torch.Tensor, f) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -189,6 +191,10 @@ class DecoderLayer(nn.Module):
 
 
 class TransformerModel(nn.Module):
+    # ``train.gradient_checkpointing``: in training, each layer keeps only its input for the backward pass
+    # and computes its inside again there (torch.utils.checkpoint, with the same dropout masks).
+    gradient_checkpointing = False
+
     def __init__(self, cfg: TransformerConfig, src_vocab_size: int, tgt_vocab_size: int,
                  pad_id: int = 0) -> None:
         super().__init__()
@@ -205,7 +211,7 @@ class TransformerModel(nn.Module):
             nn.init.normal_(embed.weight, std=cfg.d_model**-0.5)
             nn.init.zeros_(embed.weight[pad_id])
         self.positions = Positions(cfg.positions, cfg.d_model, cfg.max_positions)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
         self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.enc_layers))
         self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.dec_layers))
         pre = cfg.norm == "pre"
@@ -224,9 +230,16 @@ class TransformerModel(nn.Module):
         x = self._embed(self.src_embed, src, 0)  # (B, S, D)
         weights = []
         for layer in self.encoder:
-            x, w = layer(x, src_mask, need_weights)
+            x, w = self._layer(layer, x, src_mask, need_weights)
             weights.append(w)
         return self.enc_norm(x), weights
+
+    def _layer(self, layer: nn.Module, *args):
+        """``layer(*args)``, through ``torch.utils.checkpoint`` when gradient checkpointing is on and
+        autograd is recording."""
+        if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+            return torch.utils.checkpoint.checkpoint(layer, *args, use_reentrant=False)
+        return layer(*args)
 
     def _cross_kv(self, memory: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return [layer.cross_attn.project_kv(memory) for layer in self.decoder]  # each (B, H, S, dh)
@@ -236,7 +249,7 @@ class TransformerModel(nn.Module):
         x = self._embed(self.tgt_embed, batch.tgt_in, 0)  # (B, T, D)
         self_weights, cross_weights = [], []
         for i, (layer, cross_kv) in enumerate(zip(self.decoder, self._cross_kv(memory))):
-            x, sw, cw = layer(x, cross_kv, batch.src_mask, need_attention, i == align_layer)
+            x, sw, cw = self._layer(layer, x, cross_kv, batch.src_mask, need_attention, i == align_layer)
             self_weights.append(sw)
             cross_weights.append(cw)
         logits = self.output(self.dec_norm(x))  # (B, T, V)
