@@ -25,53 +25,23 @@ def label_smoothed_nll(logits: torch.Tensor, target: torch.Tensor, pad_id: int,
     so that every token weighs the same however the batches were cut. The smoothing mass is spread
     over the whole vocabulary, as ``F.cross_entropy(label_smoothing=...)`` does.
     """
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()  # the log-softmax in fp32 even under autocast
     logits = logits.flatten(0, 1)  # (B*T, V)
     target = target.flatten()  # (B*T,)
+    # One log-softmax for both sums (F.cross_entropy twice computes it twice): with eps = smoothing,
+    # loss = (1 - eps) * nll + eps * mean over the vocabulary of -log p, as F.cross_entropy defines it.
+    # (A hand-written backward through logsumexp and exp was slower: ATen's log-softmax kernels are fused.)
+    log_probs = torch.log_softmax(logits, dim=-1)  # (B*T, V)
     real = target != pad_id
-    loss, nll = SmoothedCrossEntropy.apply(logits, target.masked_fill(~real, 0), real, float(smoothing))
+    per_token = -log_probs.gather(1, target.masked_fill(~real, 0).unsqueeze(1)).squeeze(1)  # (B*T,)
+    nll = per_token.masked_fill(~real, 0.0).sum()
+    if smoothing == 0.0:
+        loss = nll
+    else:
+        uniform = -log_probs.mean(dim=-1).masked_fill(~real, 0.0).sum()
+        loss = (1.0 - smoothing) * nll + smoothing * uniform
     return LossOutput(loss, nll.detach(), int(real.sum()))
-
-
-class SmoothedCrossEntropy(torch.autograd.Function):
-    """The label-smoothed cross-entropy and the plain one, summed over real rows, with the gradient with
-    respect to the logits written out: softmax - (1 - eps) * onehot(target) - eps / V, per real row.
-
-    ``F.cross_entropy`` goes through log_softmax, a gather and a mean, each with its own backward pass
-    over the (rows x vocabulary) matrix; this needs one logsumexp and one mean forward, and one
-    exp-and-scale pass backward (``scripts/bench_train.py --parts`` measures it). The arithmetic is fp32
-    (bf16 or fp16 logits are upcast) whatever autocast says. With eps = smoothing, per row:
-    loss = (1 - eps) * (lse - x_target) + eps * (lse - mean(x)), the definition ``F.cross_entropy``'s
-    ``label_smoothing`` uses; nll = lse - x_target.
-    """
-
-    @staticmethod
-    def forward(ctx, logits: torch.Tensor, target: torch.Tensor, real: torch.Tensor,
-                smoothing: float) -> tuple[torch.Tensor, torch.Tensor]:
-        # logits (N, V); target (N,), any valid id on padded rows; real (N,) bool
-        with torch.autocast(logits.device.type, enabled=False):
-            x = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
-            lse = torch.logsumexp(x, dim=-1)  # (N,)
-            zero = x.new_zeros(())
-            # where, not a product with the mask: a padded row stays out even when it is not finite
-            nll = torch.where(real, lse - x.gather(1, target[:, None]).squeeze(1), zero).sum()
-            loss = nll.clone() if smoothing == 0.0 else (  # its own tensor: nll is not differentiable
-                (1.0 - smoothing) * nll + smoothing * torch.where(real, lse - x.mean(dim=-1), zero).sum())
-        ctx.save_for_backward(x, lse, target, real)
-        ctx.smoothing, ctx.dtype = smoothing, logits.dtype
-        ctx.mark_non_differentiable(nll)
-        return loss, nll
-
-    @staticmethod
-    def backward(ctx, grad_loss: torch.Tensor, grad_nll: torch.Tensor):
-        x, lse, target, real = ctx.saved_tensors
-        eps, V = ctx.smoothing, x.size(-1)
-        grad = torch.exp(x - lse[:, None])  # the softmax (N, V), a new tensor
-        if eps:
-            grad.sub_(eps / V)
-        grad.mul_(grad_loss)
-        grad.scatter_add_(1, target[:, None], (-(1.0 - eps) * grad_loss).expand(x.size(0), 1))
-        grad.masked_fill_(~real[:, None], 0.0)
-        return grad.to(ctx.dtype), None, None, None
 
 
 def guided_alignment_loss(weights: torch.Tensor, target: torch.Tensor, heads: list[int]) -> torch.Tensor:

@@ -86,9 +86,9 @@ class LSTMModel(nn.Module):
         return LSTMState(memory=memory, keys=keys, src_mask=src_mask, h=h0, c=c0,
                          feed=memory.new_zeros(B, self.out_dim))
 
-    def step(self, tokens: torch.Tensor, state: LSTMState, need_attention: bool = False):
-        """tokens (N,) -> (logits (N, V), new state, attention (N, S) or None); N = sentences x beams."""
-        x = self.dropout(self.tgt_embed(tokens))  # (B, E)
+    def _recur(self, x: torch.Tensor, state: LSTMState) -> tuple[torch.Tensor, torch.Tensor, LSTMState]:
+        """One step of the recurrence from the embedded (and dropped-out) tokens x (N, E): returns the
+        attentional vector a_t (N, out_dim), the attention (N, S) and the new state."""
         if self.cfg.input_feeding:
             x = torch.cat([x, state.feed], dim=-1)  # (B, E + out_dim)
         hc = (state.h.transpose(0, 1).contiguous(), state.c.transpose(0, 1).contiguous())  # (L, B, Hd) each
@@ -99,23 +99,33 @@ class LSTMModel(nn.Module):
                                           state.src_mask)
         context, weights = context.flatten(0, 1), weights.flatten(0, 1)  # (N, 2H), (N, S)
         feed = torch.tanh(self.combine(torch.cat([query, context], dim=-1)))  # (B, out_dim)
+        return feed, weights, dataclasses.replace(state, h=h.transpose(0, 1), c=c.transpose(0, 1), feed=feed)
+
+    def step(self, tokens: torch.Tensor, state: LSTMState, need_attention: bool = False):
+        """tokens (N,) -> (logits (N, V), new state, attention (N, S) or None); N = sentences x beams."""
+        feed, weights, new_state = self._recur(self.dropout(self.tgt_embed(tokens)), state)  # (B, E) in
         logits = self.output(self.dropout(feed))  # (B, V)
-        new_state = dataclasses.replace(state, h=h.transpose(0, 1), c=c.transpose(0, 1), feed=feed)
         return logits, new_state, (weights if need_attention else None)
 
     def forward(self, batch, need_attention: bool = False, align_layer: int | None = None) -> ModelOutput:
         """Teacher forcing: step through tgt_in, returning logits (B, T, V) and, if asked, the attention
-        (B, 1, T, S) (``need_attention``, or ``align_layer`` 0: the one attention, for guided alignment)."""
+        (B, 1, T, S) (``need_attention``, or ``align_layer`` 0: the one attention, for guided alignment).
+
+        The same computation as ``step`` after ``step``, with what does not depend on the recurrence done
+        once for all T positions: the embedding and its dropout before the loop, the dropout and the
+        vocabulary-wide output product after it (one (B*T, out_dim) x (out_dim, V) product instead of T)."""
         state = self.encode(batch.src, batch.src_mask)
-        logits, weights = [], []
+        embedded = self.dropout(self.tgt_embed(batch.tgt_in))  # (B, T, E)
+        feeds, weights = [], []
         need = need_attention or align_layer is not None
         for t in range(batch.tgt_in.size(1)):
-            step_logits, state, w = self.step(batch.tgt_in[:, t], state, need)
-            logits.append(step_logits)
+            feed, w, state = self._recur(embedded[:, t], state)
+            feeds.append(feed)
             weights.append(w)
+        logits = self.output(self.dropout(torch.stack(feeds, dim=1)))  # (B, T, V)
         cross = torch.stack(weights, dim=1)[:, None] if need else None  # (B, 1, T, S)
         attention = {"cross": [cross]} if need_attention else None
-        return ModelOutput(torch.stack(logits, dim=1), attention, cross if align_layer is not None else None)
+        return ModelOutput(logits, attention, cross if align_layer is not None else None)
 
     def select(self, state: LSTMState, index: torch.Tensor, inplace: bool = False) -> LSTMState:
         """Keep or repeat rows (N',); the per-sentence part moves only when the sentences change. Always
