@@ -280,6 +280,10 @@ class Trainer:
                                  self.scaler)
         self.progress = Progress(**state)
         self.progress.log_sums += [0.0] * (5 - len(self.progress.log_sums))  # from before align_loss: 4
+        for entry in self.progress.best:
+            if entry["step"] == self.progress.step and entry.get("file") == path.name:
+                # A file cannot hold its own hash: the ranking saved inside it names the save before it.
+                entry["sha256"] = sha256_file(path)
         self.log.truncate(self.progress.step)
         self.log.show(Message(f"resumed from {path.name} (step {self.progress.step}, "
                               f"epoch {self.progress.epoch + 1})"))
@@ -482,13 +486,15 @@ class Trainer:
         model.load_state_dict(payload["model"], strict=True)
         result = dataclasses.replace(self.validator.validate(model, self.progress.step), averaged=steps)
         self.log.record(result)
-        score, best = result.score(self.tc.metric), read_pointer(self.run, "best")
+        score, ranking = result.score(self.tc.metric), self.progress.best
+        # Against the best checkpoint, never against the average of an earlier end of this run (a run
+        # continued with a larger max_steps), which average.pt no longer holds.
+        best = {**ranking[0], "metric": self.tc.metric, "checkpoints": ranking} if ranking else {}
         better = best.get("score") is None or (score > best["score"] if self.keeper.higher_is_better
                                                else score < best["score"])
-        if better:
-            write_pointer(self.run, "best", {**best, "step": self.progress.step, "score": score,
-                                             "file": AVERAGE_FILE, "sha256": sha256_file(out),
-                                             "averaged_from": [path.name for path in files]})
+        write_pointer(self.run, "best", {**best, "step": self.progress.step, "score": score,
+                                         "file": AVERAGE_FILE, "sha256": sha256_file(out),
+                                         "averaged_from": [path.name for path in files]} if better else best)
         single = best.get("score", float("nan"))
         self.log.show(Message(f"{text}: dev {self.tc.metric} {score:.2f} against {single:.2f} for the best "
                               f"checkpoint; the run folder's best is "
@@ -501,7 +507,12 @@ class Trainer:
             payload = training_payload(self.cfg, self.tokenizer, self.fingerprint, self.model, self.optimizer,
                                        self.schedule, self.scaler, asdict(self.progress))
             pointer = save_checkpoint(self.run, payload, self.progress.step, self.faults)
-            self.keeper.prune()
+            if any(entry["step"] == self.progress.step for entry in self.progress.best):
+                # This step's file was written again (the save at the end of a run, after the validation
+                # that ranked it): best.json takes its new sha256.
+                self.keeper.saved_best(self.progress.best, pointer)
+            else:
+                self.keeper.prune()
         self.dist.barrier()
         self._last_saved = self.progress.step
         return pointer
