@@ -138,7 +138,8 @@ class Trainer:
         preflight(cfg)
         self.cfg, self.tc, self.run, self.faults = cfg, cfg.train, run, faults
         self.device = choose_device(self.tc.device)
-        autocast_dtype(self.tc.precision, self.device)  # refused here, before the run folder is touched
+        # Refused here (fp16 on the CPU), before the run folder is touched.
+        self.autocast_dtype = autocast_dtype(self.tc.precision, self.device)
         self.dist = setup_distributed(self.device)
         self.log = MetricsLog(run, self.dist.main, report, self.elapsed)
         self.keeper = CheckpointKeeper(run, self.tc.keep_last, self.tc.keep_best, self.tc.metric)
@@ -268,7 +269,6 @@ class Trainer:
         self.model.gradient_checkpointing = self.tc.gradient_checkpointing
         self.optimizer = make_optimizer(self.model, self.tc)
         self.schedule = Schedule.from_config(self.tc, self.total_steps)
-        self.autocast_dtype = autocast_dtype(self.tc.precision, self.device)
         if (self.autocast_dtype == torch.bfloat16 and self.device.type == "cpu"
                 and not torch.ops.mkldnn._is_mkldnn_bf16_supported()):
             self.log.show(Message("train.precision: bf16 on a CPU without native bf16 (AVX-512 BF16 or AMX): "
