@@ -101,13 +101,6 @@ def save_checkpoint(run: RunDir, payload: dict[str, Any], step: int,
     return pointer
 
 
-def remove_stale_tmp(run: RunDir) -> None:
-    """Temporary files a crash left behind are never loaded; remove them."""
-    if run.checkpoints.is_dir():
-        for path in run.checkpoints.glob(".step_*.pt.tmp-*"):
-            path.unlink(missing_ok=True)
-
-
 def read_pointer(run: RunDir, name: str) -> dict[str, Any]:
     """``latest.json`` or ``best.json`` as a dict; {} when missing or unreadable."""
     try:

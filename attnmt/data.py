@@ -11,12 +11,18 @@ Errors name the file and line: ``train.de has 1000 lines, train.en has 999``,
 from __future__ import annotations
 
 import gzip
+import io
 import json
+import os
 import re
+import stat
+import sys
 import unicodedata
 import zlib
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from itertools import zip_longest
 from pathlib import Path
 
 from .config import HfSource, JsonlSource, Source, TextSource, ToySource, TsvSource
@@ -92,32 +98,47 @@ def describe_source(source: Source) -> str:
     return f"toy {source.split}"
 
 
-def read_lines(path: Path) -> Iterator[str]:
+def read_lines(path: Path | str) -> Iterator[str]:
     """Decoded lines of a plain or gzipped UTF-8 file, split on ``\\n`` only, without the ``\\n``; a byte
-    order mark at the start of the file (Windows tools write one) is not part of the first line."""
+    order mark at the start of the file (Windows tools write one) is not part of the first line. ``-`` is
+    standard input; a pipe (``<(...)``, ``/dev/stdin``) is read as it comes, whatever arrives first."""
+    name = STDIN_NAME if str(path) == "-" else str(path)
     for number, raw in enumerate(_raw_lines(path), start=1):
         bom = 3 if number == 1 and raw.startswith(b"\xef\xbb\xbf") else 0
         try:
             yield raw[bom:].decode("utf-8")
         except UnicodeDecodeError as e:
-            raise DataError(f"{path}:{number}: invalid UTF-8 at byte offset {e.start + bom}") from None
+            raise DataError(f"{name}:{number}: invalid UTF-8 at byte offset {e.start + bom}") from None
 
 
-def count_lines(path: Path) -> int:
+STDIN_NAME = "<stdin>"
+
+
+def is_regular_file(path: Path | str) -> bool:
+    """A file that can be read twice: not stdin (``-``), a pipe or a device."""
+    try:
+        return str(path) != "-" and stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+def count_lines(path: Path | str) -> int | None:
     """Lines as ``read_lines`` yields them: the number of ``\\n`` bytes, plus one for a last line without
-    one."""
+    one; None for stdin, a pipe or a device, whose lines can be read only once."""
+    if not is_regular_file(path):
+        return None
     return sum(1 for _ in _raw_lines(path))
 
 
-def _raw_lines(path: Path) -> Iterator[bytes]:
-    handle = _open(path)
-    try:
+def _raw_lines(path: Path | str) -> Iterator[bytes]:
+    name = STDIN_NAME if str(path) == "-" else str(path)
+    with _open(path) as handle:
         tail = b""
         while True:
             try:
-                chunk = handle.read(1 << 20)
+                chunk = handle.read1(1 << 20)  # what has arrived, up to 1 MiB: a pipe is never waited on
             except (OSError, EOFError, zlib.error) as e:
-                raise DataError(f"{path}: cannot read: {e}") from None
+                raise DataError(f"{name}: cannot read: {e}") from None
             if not chunk:
                 break
             parts = (tail + chunk).split(b"\n")
@@ -125,34 +146,73 @@ def _raw_lines(path: Path) -> Iterator[bytes]:
             yield from parts
         if tail:
             yield tail
-    finally:
-        handle.close()
 
 
-def _open(path: Path):
-    path = Path(path)
-    if not path.exists():
-        raise DataError(f"{path}: file not found")
-    if path.is_dir():
-        raise DataError(f"{path}: is a directory, not a file")
+@contextmanager
+def _open(path: Path | str) -> Iterator[io.BufferedIOBase]:
+    """The bytes of ``path`` (``-``: stdin, left open), gunzipped when they start with gzip's magic; the
+    magic is peeked at in the buffer, so pipes work as files do."""
+    if str(path) == "-":
+        handle, name = sys.stdin.buffer, STDIN_NAME
+    else:
+        name = str(path)
+        try:
+            handle = open(path, "rb")
+        except FileNotFoundError:
+            raise DataError(f"{path}: file not found") from None
+        except IsADirectoryError:
+            raise DataError(f"{path}: is a directory, not a file") from None
+        except OSError as e:
+            raise DataError(f"{path}: cannot open: {(e.strerror or type(e).__name__).lower()}") from None
+    # stdin may be a stream without a read buffer to peek into (a test harness's BytesIO)
+    stream = handle if hasattr(handle, "peek") else io.BufferedReader(handle)
     try:
-        handle = open(path, "rb")
-        if handle.read(2) == b"\x1f\x8b":
+        try:
+            head = stream.peek(2)[:2]
+            if head == GZIP_MAGIC[:1]:  # a pipe that has delivered one byte so far: read the second
+                stream = io.BufferedReader(_Replay(stream.read(2), stream))
+                head = stream.peek(2)[:2]
+        except OSError as e:
+            raise DataError(f"{name}: cannot read: {(e.strerror or type(e).__name__).lower()}") from None
+        yield gzip.GzipFile(fileobj=stream, mode="rb") if head == GZIP_MAGIC else stream
+    finally:
+        if handle is not sys.stdin.buffer:
             handle.close()
-            return gzip.open(path, "rb")
-        handle.seek(0)
-        return handle
-    except OSError as e:
-        raise DataError(f"{path}: cannot open: {e.strerror}") from None
+
+
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+class _Replay(io.RawIOBase):
+    """A stream whose first bytes (``head``) were already read from ``rest``, and then the rest of it."""
+
+    def __init__(self, head: bytes, rest: io.BufferedIOBase) -> None:
+        self.head, self.rest = head, rest
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        data = self.head[:len(buffer)] if self.head else self.rest.read1(len(buffer))
+        self.head = self.head[len(data):]
+        buffer[:len(data)] = data
+        return len(data)
 
 
 def _read_text(source: TextSource, name: str) -> ParallelText:
     n_src, n_tgt = count_lines(source.src), count_lines(source.tgt)
-    if n_src != n_tgt:
+    if n_src is not None and n_tgt is not None and n_src != n_tgt:
         raise DataError(f"{name}: {source.src} has {n_src} lines, {source.tgt} has {n_tgt}")
     corpus = ParallelText(name)
-    for line, (src, tgt) in enumerate(zip(read_lines(source.src), read_lines(source.tgt)), start=1):
-        corpus.add(src, tgt, line)
+    # A pipe is read once: its lines are counted as they are read (the counts agree for regular files).
+    counts = [0, 0]
+    for line, (src, tgt) in enumerate(zip_longest(read_lines(source.src), read_lines(source.tgt)), start=1):
+        counts[0] += src is not None
+        counts[1] += tgt is not None
+        if src is not None and tgt is not None:
+            corpus.add(src, tgt, line)
+    if counts[0] != counts[1]:
+        raise DataError(f"{name}: {source.src} has {counts[0]} lines, {source.tgt} has {counts[1]}")
     return corpus
 
 

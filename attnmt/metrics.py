@@ -70,14 +70,35 @@ def corpus_scores(
 
 def bleu_tokenize(tgt_lang: str | None, tokenize: str | None = None) -> str:
     """BLEU's tokenizer: ``tokenize`` if given, else the one for ``tgt_lang``; a ConfigError with the
-    install hint when it needs an extra that is missing (MeCab for Japanese and Korean)."""
+    install hint when it needs an extra that is missing (MeCab for Japanese and Korean), a DataError with
+    the fix when it needs a model file that is not on this machine (``missing_model``)."""
     tokenize = tokenize or bleu_tokenizer(tgt_lang)
     extra = missing_extra(tokenize)
     if extra is not None:
         why = f"target language {tgt_lang!r}: " if tgt_lang and tokenize == bleu_tokenizer(tgt_lang) else ""
         raise ConfigError(f"{why}BLEU's {tokenize} tokenizer needs MeCab, which is not installed "
                           f"(pip install '{extra}')")
+    missing = missing_model(tokenize)
+    if missing is not None:
+        path, url = missing
+        raise DataError(f"BLEU's {tokenize} tokenizer needs its sentencepiece model {path}, which is not on "
+                        f"this machine, and attnmt downloads nothing: fetch {url} to that path (or set "
+                        f"SACREBLEU to a folder holding models/{path.name})")
     return tokenize
+
+
+def missing_model(tokenize: str) -> tuple[Path, str] | None:
+    """(path, url) of the sentencepiece model that sacrebleu's spm, flores101, flores200 and spBLEU-1K
+    tokenizers load, when it is not on disk; sacrebleu would download it (and leave a lock file in
+    ``~/.sacrebleu`` when the network is not there)."""
+    from sacrebleu.tokenizers.tokenizer_spm import SPM_MODELS
+    from sacrebleu.utils import SACREBLEU_DIR
+
+    if tokenize not in SPM_MODELS:
+        return None
+    url = SPM_MODELS[tokenize]["url"]
+    path = Path(SACREBLEU_DIR) / "models" / Path(url).name
+    return None if path.is_file() else (path, url)
 
 
 def read_references(paths: Sequence[Path]) -> list[tuple[Path, list[str]]]:

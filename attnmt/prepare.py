@@ -20,7 +20,7 @@ import yaml
 from .config import Config
 from .data import ParallelText, read_corpus
 from .errors import CheckpointError, ConfigError, DataError
-from .runfiles import RunDir, atomic_write_text, replace_dir
+from .runfiles import RunDir, atomic_write_text, check_run_folder, replace_dir, write_marker
 from .tokenizer import META_FILE, UNK_ID, Tokenizer, load_external, load_tokenizer, train_tokenizer
 
 log = logging.getLogger(__name__)
@@ -165,7 +165,10 @@ def write_resolved_config(cfg: Config, run: RunDir) -> None:
 
 def prepare(cfg: Config, run: RunDir) -> PrepareReport:
     """Read, clean, tokenize and encode every split of ``cfg.data`` into ``run`` (the caller holds its
-    lock)."""
+    lock). A folder that is not a run folder and not empty is refused before anything is read, and so is a
+    corpus file inside the folders of the run that prepare replaces."""
+    check_run_folder(run)
+    check_sources_outside(cfg, run)
     sources = {"train": cfg.data.train, "dev": cfg.data.dev, "test": cfg.data.test}
     corpora = {name: read_corpus(source, name) for name, source in sources.items() if source is not None}
     train = corpora["train"]
@@ -173,6 +176,8 @@ def prepare(cfg: Config, run: RunDir) -> PrepareReport:
         raise DataError(f"train: no training pairs left after cleaning ({_reasons(train.dropped)})")
     # Before the tokenizer is trained on what is left: a run folder keeps its tokenizer for later runs.
     _check_dropped(train.read, len(train), train.dropped, cfg.data.max_dropped_fraction)
+    run.root.mkdir(parents=True, exist_ok=True)
+    write_marker(run)  # before anything else is written into the folder
     tokenizer, trained = obtain_tokenizer(cfg, run, train)
 
     stats = []
@@ -196,6 +201,20 @@ def prepare(cfg: Config, run: RunDir) -> PrepareReport:
     write_resolved_config(cfg, run)
     return PrepareReport(run.root, stats, trained, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size,
                          tokenizer.joint)
+
+
+def check_sources_outside(cfg: Config, run: RunDir) -> None:
+    """A ConfigError naming the key of a corpus file that lies in ``run``'s data, tokenizer or checkpoint
+    folders: preparing replaces those folders whole, and the corpus with them."""
+    replaced = [os.path.realpath(folder) for folder in (run.data, run.tokenizer, run.checkpoints)]
+    for split in ("train", "dev", "test"):
+        source = getattr(cfg.data, split)
+        for key, value in source if source is not None else ():  # a pydantic model yields (key, value)
+            for path in value if isinstance(value, list) else [value]:
+                if isinstance(path, Path) and any(Path(os.path.realpath(path)).is_relative_to(folder)
+                                                  for folder in replaced):
+                    raise ConfigError(f"data.{split}.{key}: {path} is inside the run folder {run.root}'s "
+                                      "own folders, which prepare replaces; keep the corpus outside them")
 
 
 def _check_dropped(read: int, kept: int, dropped: dict[str, int], max_fraction: float) -> None:

@@ -2,34 +2,57 @@
 
 ```
 run/
+  attnmt-run.json    the marker, written first: the attnmt version and a run id
   config.yaml        the resolved config (absolute paths), written atomically
   tokenizer/         spm.model (or src.model + tgt.model) and tokenizer.json with their sha256
   data/<split>/      the encoded corpus of each split as a Hugging Face Arrow dataset
   data/stats.json    the corpus statistics printed by ``attnmt prepare``
   checkpoints/       training checkpoints and their pointer files
   metrics.jsonl      one JSON object per logged event
+  train.log          warnings and a bug's traceback
+  plots/             heatmaps drawn during training (train.plot_every), and plot-curves' GIFs of them
+  curves.png         plot-curves' figure
+  tensorboard/       train.tensorboard's event files
   .lock              held with fcntl.flock while a process writes the run
 ```
 
 "Nothing lost" (``docs/RELIABILITY.md``): the run folder only ever gains complete files, because
-every file is written to a temporary name in the same folder, fsynced and renamed into place.
+every file is written to a temporary name in the same folder, fsynced and renamed into place. A run
+folder is recognised by its marker, never assumed: ``RunLock`` refuses a folder that holds anything
+else (``check_run_folder``), writes the marker before anything else, and removes what a killed process
+left half-written (``remove_stale``), so attnmt only ever replaces or deletes paths it wrote itself.
 """
 
 from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import os
+import re
 import shutil
 import stat
 import tempfile
+import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import ResourceError
+from .errors import ConfigError, ResourceError
 
 # The file that marks a folder as a CTranslate2 export written by ``attnmt export`` (``ctranslate.py``).
 EXPORT_MANIFEST = "attnmt-export.json"
+# The file that marks a folder as an attnmt run folder, written before anything else in it.
+RUN_MARKER = "attnmt-run.json"
+# The names in a run folder that are the run's own: written by prepare and train (plots/ and curves.png
+# also by plot-curves), never by another command's output option.
+RUN_OWNED = (RUN_MARKER, "config.yaml", "tokenizer", "data", "checkpoints", "metrics.jsonl", "train.log",
+             "plots", "curves.png", "tensorboard", ".lock")
+# The run's own names that only a process holding the lock writes.
+LOCKED = frozenset({RUN_MARKER, "config.yaml", "tokenizer", "metrics.jsonl"})
+# A temporary file or folder of an atomic write (``.NAME.tmp-XXXX``) or the old copy a folder replacement
+# moves aside (``.NAME.old-PID``).
+TEMPORARY = re.compile(r"^\..+\.(tmp|old)-[A-Za-z0-9_]+$")
 
 
 @dataclass(frozen=True)
@@ -66,6 +89,10 @@ class RunDir:
     @property
     def lock_file(self) -> Path:
         return self.root / ".lock"
+
+    @property
+    def marker(self) -> Path:
+        return self.root / RUN_MARKER
 
 
 def _resource_error(path: Path, e: OSError) -> ResourceError:
@@ -143,8 +170,13 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 def replace_dir(tmp: Path, final: Path) -> None:
-    """Move a fully written folder ``tmp`` to ``final``, replacing an older one only after it is complete."""
+    """Move a fully written folder ``tmp`` to ``final``, replacing an older one only after it is complete.
+    What ``final`` is must be attnmt's: a folder of the run (never a file, nor a link that leads elsewhere;
+    the run folder itself is checked by ``RunLock``)."""
     old = final.with_name(f".{final.name}.old-{os.getpid()}")
+    if final.is_symlink() or (final.exists() and not final.is_dir()):
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ConfigError(f"{final}: not a folder attnmt wrote (a file or a link); refusing to replace it")
     if final.exists():
         os.replace(final, old)
     os.replace(tmp, final)
@@ -153,14 +185,119 @@ def replace_dir(tmp: Path, final: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+# ------------------------------------------------------------------------------ what a run folder is
+
+
+def is_run_folder(path: Path) -> bool:
+    """``path`` holds attnmt's marker, or is a run folder an attnmt older than the marker wrote (a tokenizer
+    with its metadata, and data statistics or a checkpoint pointer: names only attnmt writes together)."""
+    path = Path(path)
+    if (path / RUN_MARKER).is_file():
+        return True
+    return (path / "tokenizer" / "tokenizer.json").is_file() and (
+        (path / "data" / "stats.json").is_file() or (path / "checkpoints" / "latest.json").is_file())
+
+
+def enclosing_run(path: Path) -> Path | None:
+    """The run folder ``path`` is in (or is), found by walking up from it; None when there is none."""
+    here = Path(os.path.realpath(path))
+    for folder in (here, *here.parents):
+        if folder.is_dir() and is_run_folder(folder):
+            return folder
+    return None
+
+
+def _left_by_a_claim(name: str) -> bool:
+    """What an attnmt that started on a new folder and was killed may have left before its marker."""
+    return name == ".lock" or name.startswith(".probe-") or name.startswith(f".{RUN_MARKER}.tmp-")
+
+
+def _some_contents(root: Path, limit: int = 3) -> list[str]:
+    """Up to ``limit`` + 1 paths under ``root`` (files, or empty folders with a slash), walked top-down in
+    sorted order."""
+    found: list[str] = []
+    for folder, dirs, files in os.walk(root):
+        dirs.sort()
+        if folder == str(root):
+            dirs[:] = [d for d in dirs if not _left_by_a_claim(d)]
+            files = [f for f in files if not _left_by_a_claim(f)]
+        relative = Path(folder).relative_to(root)
+        if not dirs and not files and folder != str(root):
+            found.append(f"{relative.as_posix()}/")
+        found += [(relative / name).as_posix() for name in sorted(files)]
+        if len(found) > limit:
+            break
+    return found
+
+
+def check_run_folder(run: RunDir) -> None:
+    """Refuse, before anything is written, a run folder path that is a file, or a folder that holds
+    something and is not an attnmt run folder (ConfigError, naming what it holds)."""
+    root = run.root
+    if not root.exists():
+        return
+    if not root.is_dir():
+        raise ConfigError(f"{root}: is a file, not a run folder; give an empty or new --run-dir")
+    if is_run_folder(root):
+        return
+    try:
+        entries = [name for name in os.listdir(root) if not _left_by_a_claim(name)]
+    except OSError as e:
+        raise _resource_error(root, e) from None
+    if entries:
+        shown = _some_contents(root)
+        listing = ", ".join(shown[:3]) + (", ..." if len(shown) > 3 else "")
+        raise ConfigError(f"{root}: not an attnmt run folder (holds {listing}); give an empty or new "
+                          "--run-dir")
+
+
+def write_marker(run: RunDir) -> None:
+    """The run folder's marker (the attnmt version, a run id, when it was made), unless it has one."""
+    from . import __version__
+
+    if not run.marker.is_file():
+        marker = {"attnmt": __version__, "run_id": uuid.uuid4().hex,
+                  "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        atomic_write_text(run.marker, json.dumps(marker, indent=2) + "\n")
+
+
+def remove_stale(run: RunDir) -> list[Path]:
+    """Remove the temporary files and folders (``.NAME.tmp-*``, ``.NAME.old-*``) that a killed process left
+    in the run folder and in its data, tokenizer and checkpoint folders; the caller holds the run's lock,
+    so no live writer owns them. In the run folder itself only the temporaries of the run's own names go
+    (plot-curves writes curves.png without the lock). Returns what was removed."""
+    removed = []
+    folders = [(run.root, True)] + [(folder, False) for folder in (run.data, run.tokenizer, run.checkpoints)]
+    for folder, own_names_only in folders:
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            continue
+        for name in names:
+            if not TEMPORARY.match(name) or (own_names_only and name[1:].rsplit(".", 1)[0] not in LOCKED):
+                continue
+            path = folder / name
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
+
+
 class RunLock:
-    """An exclusive ``fcntl.flock`` on ``run/.lock``; a second process gets a ResourceError at once."""
+    """An exclusive ``fcntl.flock`` on ``run/.lock``; a second process gets a ResourceError at once.
+
+    Taking it claims the folder for attnmt: a file, or a folder holding anything but an attnmt run, is
+    refused before anything is written (``check_run_folder``); then the marker is written if the folder
+    has none, and the temporaries of a killed process are removed."""
 
     def __init__(self, run: RunDir) -> None:
         self.run = run
         self._fd: int | None = None
 
     def __enter__(self) -> RunLock:
+        check_run_folder(self.run)
         try:
             self.run.root.mkdir(parents=True, exist_ok=True)
             probe = self.run.root / f".probe-{os.getpid()}"
@@ -180,6 +317,13 @@ class RunLock:
             self._fd = None
             raise ResourceError(f"{self.run.root}: run folder is in use "
                                 "by another attnmt process (locked)") from None
+        try:
+            check_run_folder(self.run)  # again, now that no other attnmt can be writing it
+            write_marker(self.run)
+            remove_stale(self.run)
+        except BaseException:
+            self.__exit__()
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -18,7 +18,8 @@ import hashlib
 import random
 from pathlib import Path
 
-from .errors import DataError
+from .errors import ConfigError, DataError
+from .runfiles import atomic_write_bytes
 
 WEEKDAYS = [("monday", "montag"), ("tuesday", "dienstag"), ("wednesday", "mittwoch"),
             ("thursday", "donnerstag"), ("friday", "freitag"), ("saturday", "samstag"), ("sunday", "sonntag")]
@@ -130,9 +131,11 @@ def toy_pairs(split: str, size: int, seed: int = 1, lang: str = "de") -> list[tu
 
 def write_toy(out_dir: Path, sizes: dict[str, int], seed: int = 1, lang: str = "de") -> list[Path]:
     """Write ``<split>.en``, ``<split>.<lang>`` and ``<split>.align`` for each split (for Chinese also
-    ``<split>.seg.zh``, the pre-segmented targets the alignments count words in); returns the files."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
+    ``<split>.seg.zh``, the pre-segmented targets the alignments count words in), each atomically; returns
+    the files. A file of one of those names that holds anything else (a user's own ``train.en``) is never
+    replaced: a ConfigError names it before anything is written. One that holds just what would be
+    written (the same command again) is left as it is."""
+    contents: dict[Path, bytes] = {}
     for split, size in sizes.items():
         triples = toy_pairs(split, size, seed, lang)
         columns = {"en": [t[0] for t in triples], lang: [unsegmented(t[1], lang) for t in triples],
@@ -140,7 +143,20 @@ def write_toy(out_dir: Path, sizes: dict[str, int], seed: int = 1, lang: str = "
         if lang == "zh":
             columns["seg.zh"] = [t[1] for t in triples]
         for suffix, lines in columns.items():
-            path = out_dir / f"{split}.{suffix}"
-            path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-            written.append(path)
-    return written
+            contents[out_dir / f"{split}.{suffix}"] = "".join(line + "\n" for line in lines).encode("utf-8")
+    taken = [path.name for path, data in contents.items() if path.exists() and not _holds(path, data)]
+    if taken:
+        raise ConfigError(f"{out_dir}: {', '.join(taken[:3])}{', ...' if len(taken) > 3 else ''} already "
+                          "exist with other contents; toy-data replaces no file (give a new or empty folder)")
+    for path, data in contents.items():
+        if not path.exists():
+            atomic_write_bytes(path, data)
+    return list(contents)
+
+
+def _holds(path: Path, data: bytes) -> bool:
+    """``path`` is a regular file whose bytes are ``data`` (read only when the sizes agree)."""
+    try:
+        return path.is_file() and path.stat().st_size == len(data) and path.read_bytes() == data
+    except OSError:
+        return False

@@ -38,7 +38,6 @@ from .checkpoint import (
     latest_checkpoint,
     read_pointer,
     recorded_tokenizer,
-    remove_stale_tmp,
     restore_training,
     save_checkpoint,
     save_payload,
@@ -57,7 +56,7 @@ from .languages import bleu_tokenizer, missing_extra
 from .models import build_model
 from .optim import Schedule, make_optimizer
 from .prepare import prepare, write_tokenizer
-from .runfiles import RunDir
+from .runfiles import RunDir, remove_stale
 from .runlog import (
     Finished,
     Message,
@@ -244,7 +243,7 @@ class Trainer:
         """Run ``prepare`` unless the run folder holds data prepared with this config's data and tokenizer
         settings."""
         run = self.run
-        remove_stale_tmp(run)
+        remove_stale(run)  # what a killed process left half-written (RunLock did it for the CLI)
         # config.yaml is written last, so without it an earlier prepare stopped halfway: prepare again.
         if not run.split("train").exists() or not run.tokenizer.exists() or not run.config.exists():
             self.log.show(Message("preparing data (attnmt prepare) ..."))

@@ -251,7 +251,8 @@ def test_bad_training_data_exits_3(tmp_path, case):
     assert (str((tmp_path / "data").resolve()) in line
             or case in ("too-many-empty", "empty-files", "nothing-left", "vocab-too-large"))
     assert_kept(before, tmp_path)
-    assert sorted(os.listdir(tmp_path / "run")) == [".lock"]  # no tokenizer trained on data that was refused
+    # the marker, and no tokenizer trained on data that was refused
+    assert sorted(os.listdir(tmp_path / "run")) == [".lock", "attnmt-run.json"]
 
 
 def test_a_megabyte_training_line_is_dropped_and_counted(tmp_path):
@@ -636,13 +637,15 @@ def test_a_leftover_tmp_and_a_corrupt_pointer_are_cleaned_and_rebuilt(e2e, run_c
 
 
 @pytest.mark.parametrize("command", ["train", "prepare"])
-def test_a_run_folder_that_is_a_file_exits_5(e2e, tmp_path, command):
-    """As root a read-only folder is still writable, so a file stands in the run folder's place; the lock
-    (the other half of the case) is tested in test_cli.py and test_train.py."""
+def test_a_run_folder_that_is_a_file_exits_2(e2e, tmp_path, command):
+    """A file in the run folder's place is a usage error, refused before anything is written, whether
+    --run-dir or the config's train.run_dir names it; the lock (the other half of the case) is tested in
+    test_cli.py and test_train.py."""
     (tmp_path / "run").write_text("not a folder\n")
     before = hash_tree(tmp_path)
-    expect_error(invoke(command, e2e["config"], "--run-dir", tmp_path / "run"), 5,
-                 "run folder path exists and is not a folder")
+    expect_error(invoke(command, e2e["config"], "--run-dir", tmp_path / "run"), 2, "is a file; give a folder")
+    expect_error(invoke(command, e2e["config"], "--set", f"train.run_dir={tmp_path / 'run'}"), 2,
+                 "is a file, not a run folder")
     assert_kept(before, tmp_path)
 
 

@@ -23,6 +23,7 @@ import typer
 from typer.core import TyperGroup
 
 from ..errors import OUT_OF_MEMORY, AttnmtError, is_out_of_memory
+from .contract import DECLARED, Declared, Output, Param, check_options, parameters
 
 
 class _OneLineErrors(TyperGroup):
@@ -131,14 +132,22 @@ def error_guard() -> Iterator[None]:
         fail(f"internal error: {type(e).__name__}: {first} (run with --debug for a traceback)", 1)
 
 
-def command(name: str | None = None, **options: Any) -> Callable[[Callable], Callable]:
+def command(name: str | None = None, inputs: tuple[str, ...] = (), outputs: dict[str, Output] | None = None,
+            **options: Any) -> Callable[[Callable], Callable]:
     """Register the decorated function as the command ``name`` (default: its own name), run inside
-    ``error_guard``."""
+    ``error_guard`` after ``contract.check_options``: ``inputs`` names the parameters whose files or
+    folders the command reads, ``outputs`` the parameters it writes, each with its ``Output`` contract."""
 
     def register(function: Callable) -> Callable:
+        declared = Declared(tuple(inputs), dict(outputs or {}))
+        DECLARED[name or function.__name__.replace("_", "-")] = declared
+        params: dict[str, Param] = {}  # read from the annotations on the first call (--help needs none)
+
         @functools.wraps(function)
         def guarded(*args: Any, **kwargs: Any) -> None:
             with error_guard():
+                params.update(params or parameters(function))
+                check_options(kwargs, declared, params)
                 function(*args, **kwargs)
 
         app.command(name, **options)(guarded)

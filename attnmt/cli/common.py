@@ -1,5 +1,5 @@
-"""What the commands share: input lines from a file or stdin, outputs that never overwrite an input, and a
-trained model opened for decoding."""
+"""What the commands share: input lines from a file, a pipe or stdin, outputs written atomically, and a
+trained model opened for decoding (the checks on inputs and outputs are ``contract.py``'s)."""
 
 from __future__ import annotations
 
@@ -13,19 +13,14 @@ from ..errors import ConfigError, DataError
 
 
 def input_lines(path: Path | None) -> Iterator[str]:
-    """Lines of a file (plain or gzipped) or of stdin (``-`` or None), read lazily, split on \\n only."""
-    if path is not None and str(path) != "-":
-        from ..data import read_lines
+    """Lines of a file (plain or gzipped), a pipe, or stdin (``-`` or None), read lazily as they arrive,
+    split on \\n only."""
+    from ..data import read_lines
 
-        yield from read_lines(path)
-        return
-    if sys.stdin.isatty():
+    stdin = path is None or str(path) == "-"
+    if stdin and sys.stdin.isatty():
         sys.stderr.write("attnmt: reading sentences from the terminal, one per line; Ctrl-D to end\n")
-    for number, raw in enumerate(sys.stdin.buffer, start=1):
-        try:
-            yield raw.decode("utf-8").rstrip("\n")
-        except UnicodeDecodeError as e:
-            raise DataError(f"<stdin>:{number}: invalid UTF-8 at byte offset {e.start}") from None
+    yield from read_lines("-" if stdin else path)
 
 
 def sentences_or_input(sentences: list[str] | None, input_: Path | None) -> Iterable[str]:
@@ -54,15 +49,6 @@ def write_output(output: Path | None, text: str) -> None:
         atomic_write_text(output, text)
     else:
         sys.stdout.write(text)
-
-
-def refuse_overwrite(flag: str, output: Path | None, inputs: list[Path | None]) -> None:
-    """Writing to an input would truncate it before it is read (and lose it): refuse, before any work; a
-    folder in place of the output file is refused as early."""
-    if output is not None and output.is_dir():
-        raise ConfigError(f"{flag} {output} is a folder; give a file name")
-    if output is not None and any(p is not None and output.resolve() == Path(p).resolve() for p in inputs):
-        raise ConfigError(f"{flag} {output} is an input file; refusing to overwrite the input")
 
 
 def open_translator(model_path: Path, device: Device = Device.auto, beam_size: int | None = None,
@@ -126,12 +112,14 @@ def open_export(folder: Path, dev, beam_size: int | None, nbest: int, length_pen
 
 class FileProgress:
     """A progress bar on stderr (rich: sentences/s and the time left) for a command working through a
-    file of ``total`` lines, shown only when stderr is a terminal and the input is a file (``show``);
-    otherwise nothing at all, so pipes and logs stay as they were."""
+    file of ``total`` lines (None: a pipe, whose lines are not counted ahead: the count so far and the
+    rate), shown only when stderr is a terminal and the input is a file (``show``); otherwise nothing at
+    all, so pipes and logs stay as they were."""
 
-    def __init__(self, total: int, what: str, show: bool = True, stream=None) -> None:
+    def __init__(self, total: int | None, what: str, show: bool = True, stream=None) -> None:
         self.stream = stream if stream is not None else sys.stderr
-        self.enabled = show and total > 0 and bool(getattr(self.stream, "isatty", lambda: False)())
+        self.enabled = (show and (total is None or total > 0)
+                        and bool(getattr(self.stream, "isatty", lambda: False)()))
         self.total, self.what = total, what
         self._progress = self._task = None
 

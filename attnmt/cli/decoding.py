@@ -11,7 +11,8 @@ import typer
 
 from ..choices import BleuTokenizer
 from .app import command
-from .common import FileProgress, open_translator, refuse_overwrite, sentences_or_input
+from .common import FileProgress, open_translator, sentences_or_input
+from .contract import Output
 from .options import (
     BeamOpt,
     DeviceOpt,
@@ -27,7 +28,7 @@ from .options import (
 CHUNK_LINES = 1000
 
 
-@command()
+@command(inputs=("model", "input_", "ensemble"), outputs={"output": Output()})
 def translate(
     model: ModelArg,
     sentences: SentencesArg = None,
@@ -52,9 +53,9 @@ def translate(
     top_p: Annotated[float | None, typer.Option("--top-p", help="With --sampling: draw from the smallest "
                                                 "set of pieces whose probability reaches P (nucleus; "
                                                 "default 1: all).", show_default=False)] = None,
-    seed: Annotated[int | None, typer.Option("--seed", help="With --sampling: the random seed (default 1); "
-                                             "the same seed and input give the same samples.",
-                                             show_default=False)] = None,
+    seed: Annotated[int | None, typer.Option("--seed", min=0, max=2**64 - 1, help="With --sampling: the "
+                                             "random seed (default 1); the same seed and input give the "
+                                             "same samples.", show_default=False)] = None,
     device: DeviceOpt = "auto",
 ) -> None:
     """Translate sentences, a file or stdin; one output line per input line, in input order.
@@ -66,15 +67,12 @@ def translate(
 
     draw = _sampling(sampling, beam_size, temperature, top_k, top_p, seed)
     lines = sentences_or_input(sentences, input_)
-    inputs = [input_] if input_ is not None and str(input_) != "-" else []
-    refuse_overwrite("--output", output, inputs + [model])
-    translator, _, checkpoint = open_translator(model, device, beam_size, nbest, length_penalty, max_tokens,
-                                                draw, ensemble)
-    refuse_overwrite("--output", output, [checkpoint])
+    translator, _, _ = open_translator(model, device, beam_size, nbest, length_penalty, max_tokens, draw,
+                                       ensemble)
     written: list[str] = []
     truncated = index = 0
-    total = count_lines(input_) if inputs else 0
-    with FileProgress(total, "translating", show=bool(inputs)) as progress:
+    total = count_lines(input_) if input_ is not None else 0  # None for a pipe: progress without a total
+    with FileProgress(total, "translating", show=input_ is not None and str(input_) != "-") as progress:
         for results in translator.translate_stream(lines, CHUNK_LINES):
             text = []
             for result in results:
@@ -122,7 +120,7 @@ def _sampling(sampling: bool, beam_size: int | None, temperature: float | None, 
                     top_p if top_p is not None else 1.0, seed if seed is not None else 1)
 
 
-@command("eval")
+@command("eval", inputs=("model", "src", "hyp", "ref", "ensemble"), outputs={"hyp_out": Output()})
 def eval_(
     model: Annotated[Path | None, typer.Argument(help="A checkpoint or run folder; omit with --hyp.",
                                                  show_default=False)] = None,
@@ -160,9 +158,10 @@ def eval_(
         raise ConfigError("--ref is required")
     if (hyp is None) == (model is None or src is None):
         raise ConfigError("give either MODEL --src FILE, or --hyp FILE")
-    refuse_overwrite("--hyp-out", hyp_out, [src, hyp, model, *ref])
-    references = read_references(ref)
     bleu = tokenize.value if tokenize is not None else None
+    if bleu is not None or hyp is not None:
+        bleu_tokenize(tgt_lang, bleu)  # a scorer that cannot run is refused before any work
+    references = read_references(ref)
     if hyp is not None:
         hypotheses, name, lang = list(read_lines(hyp)), str(hyp), tgt_lang
     else:
@@ -187,7 +186,7 @@ def eval_(
         print_scores(scores)
 
 
-@command()
+@command(inputs=("model", "src", "tgt"), outputs={"output": Output()})
 def score(
     model: ModelArg,
     src: Annotated[Path, typer.Option("--src", help="Source sentences, one per line.", show_default=False)],
@@ -209,10 +208,8 @@ def score(
     from ..runfiles import atomic_write_text
     from .common import read_pairs, write_output
 
-    refuse_overwrite("--output", output, [src, tgt, model])
     sources, targets = read_pairs(src, tgt)
-    translator, _, checkpoint = open_translator(model, device, None, 1, length_penalty, max_tokens)
-    refuse_overwrite("--output", output, [checkpoint])
+    translator, _, _ = open_translator(model, device, None, 1, length_penalty, max_tokens)
     scored = []
     with FileProgress(len(sources), "scoring") as progress:
         for start in range(0, len(sources), CHUNK_LINES):

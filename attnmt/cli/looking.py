@@ -17,10 +17,10 @@ from .common import (
     FileProgress,
     open_translator,
     read_pairs,
-    refuse_overwrite,
     sentences_or_input,
     write_output,
 )
+from .contract import Output
 from .options import (
     AlignMethod,
     BeamOpt,
@@ -45,7 +45,7 @@ def _check_number(option: str, value: int | None, count: int, what: str) -> int 
     return value - 1
 
 
-@command()
+@command(inputs=("model", "input_", "tgt", "gold"), outputs={"out": Output(folder=True), "html": Output()})
 def plot(
     model: ModelArg,
     sentences: Annotated[list[str] | None, typer.Argument(help="Sentences to translate and draw "
@@ -104,10 +104,6 @@ def plot(
                               "and chooses among them itself")
     if gold is not None and tgt is None:
         raise ConfigError("--gold needs --tgt: gold links refer to the target sentences they were made for")
-    if out is not None and out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out} is a file; give a folder")
-    if html is not None:
-        refuse_overwrite("--html", html, [input_, tgt, gold, model])
     lines = sentences_or_input(sentences, input_)
     translator, cfg, _ = open_translator(model, device, beam_size, exports=False)
     n_layers, n_heads = attention_layout(cfg.model)
@@ -180,7 +176,8 @@ def _reading(cfg, layer: Layer | None, heads: Heads | None, which: str = "", **o
     return layer, heads, AlignOptions(layer.index, heads.indices, **options)
 
 
-@command()
+@command(inputs=("model", "src", "tgt", "gold", "reverse"),
+         outputs={"output": Output(), "hyp_out": Output()})
 def align(
     model: ModelArg,
     src: Annotated[Path, typer.Option("--src", help="Source sentences, one per line (words split on spaces).",
@@ -249,8 +246,6 @@ def align(
     if symmetrize_ is not None and reverse is None:
         raise ConfigError("--symmetrize combines two directions: it needs --reverse MODEL")
     symmetrization = (symmetrize_ or Symmetrization.grow_diag_final_and).value
-    for flag, path in (("--output", output), ("--hyp-out", hyp_out)):
-        refuse_overwrite(flag, path, [src, tgt, gold, model, reverse])
     sources, targets = read_pairs(src, tgt)
     gold_links = read_gold(gold, len(sources), src, one_based) if gold is not None else None
     translator, cfg, _ = open_translator(model, device, beam_size, exports=False)
@@ -293,7 +288,7 @@ def align(
         print_alignment_score(score, f"alignment of {src} ({how})")
 
 
-@command("plot-curves")
+@command("plot-curves", inputs=("run_dir",), outputs={"out": Output(own=("curves.png",))})
 def plot_curves(
     run_dir: Annotated[Path, typer.Argument(help="A run folder (its metrics.jsonl, and plots/ for --gif).",
                                             show_default=False)],

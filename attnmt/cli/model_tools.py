@@ -9,10 +9,11 @@ import typer
 
 from ..errors import ConfigError
 from .app import command
+from .contract import Output
 from .options import ExportFormat, ModelArg, Quantization, SetOpt
 
 
-@command()
+@command(inputs=("checkpoints",), outputs={"out": Output()})
 def average(
     checkpoints: Annotated[list[Path], typer.Argument(help="Two or more checkpoint files "
                                                       "of one model config.", show_default=False)],
@@ -27,15 +28,11 @@ def average(
     resolved = [c.resolve() for c in checkpoints]
     if len(set(resolved)) < len(resolved):
         raise ConfigError("a checkpoint is given twice; each one counts once in the average")
-    if out.resolve() in resolved:
-        raise ConfigError(f"--out {out} is one of the checkpoints; refusing to overwrite an input")
-    if out.is_dir():
-        raise ConfigError(f"--out {out} is a folder; give a file name")
     save_payload(average_checkpoints(checkpoints), out)
     typer.echo(f"averaged {len(checkpoints)} checkpoints into {out}")
 
 
-@command()
+@command(inputs=("target",))
 def info(
     target: Annotated[Path, typer.Argument(help="A config file, a checkpoint, or a run folder "
                                            "(its config.yaml and tokenizer).", show_default=False)],
@@ -68,7 +65,7 @@ def info(
     console.print(str(model), markup=False, highlight=False)
 
 
-@command()
+@command(inputs=("model",), outputs={"out": Output(folder=True, replaces=False)})
 def export(
     model: ModelArg,
     out: Annotated[Path, typer.Argument(help="The folder to write (new, or empty).", show_default=False)],

@@ -10,7 +10,11 @@ from typing import Annotated
 import typer
 
 from .app import command
+from .contract import Output
 from .options import ConfigArg, RunDirOpt, SetOpt, ToyLanguage
+
+# Pairs per toy split: the task has about two billion sentences, but a toy needs no more than this.
+TOY_MAX = 10_000_000
 
 
 def _load(config: Path, overrides: list[str] | None):
@@ -30,7 +34,7 @@ def _run_dir(cfg, run_dir: Path | None, name_it: bool):
     return run
 
 
-@command()
+@command(inputs=("config",), outputs={"run_dir": Output(folder=True, run=True)})
 def prepare(config: ConfigArg, run_dir: RunDirOpt = None, set_: SetOpt = None) -> None:
     """Clean the data, train or load the tokenizer, encode the corpora and print corpus statistics."""
     cfg = _load(config, set_)
@@ -48,14 +52,14 @@ def prepare(config: ConfigArg, run_dir: RunDirOpt = None, set_: SetOpt = None) -
     print_corpus_statistics(report)
 
 
-@command("toy-data")
+@command("toy-data", outputs={"out_dir": Output(folder=True)})
 def toy_data(
     out_dir: Annotated[Path, typer.Argument(help="Folder to write train/dev/test .en, .de (or .zh and "
                                             ".seg.zh) and .align files into.")],
-    train_size: Annotated[int, typer.Option(min=1)] = 10000,
-    dev_size: Annotated[int, typer.Option(min=1)] = 500,
-    test_size: Annotated[int, typer.Option(min=1)] = 500,
-    seed: int = 1,
+    train_size: Annotated[int, typer.Option(min=1, max=TOY_MAX)] = 10000,
+    dev_size: Annotated[int, typer.Option(min=1, max=TOY_MAX)] = 500,
+    test_size: Annotated[int, typer.Option(min=1, max=TOY_MAX)] = 500,
+    seed: Annotated[int, typer.Option(min=0, max=2**64 - 1)] = 1,
     lang: Annotated[ToyLanguage, typer.Option("--lang", help="The target language.")] = "de",
 ) -> None:
     """Write the embedded toy task (English -> German or Chinese dates) with its gold word alignments."""
@@ -65,7 +69,7 @@ def toy_data(
     typer.echo(f"wrote {len(files)} files to {out_dir}")
 
 
-@command()
+@command(inputs=("config",), outputs={"run_dir": Output(folder=True, run=True)})
 def train(
     ctx: typer.Context,
     config: ConfigArg,
