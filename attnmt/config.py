@@ -286,8 +286,8 @@ class TrainConfig(Section):
 class DecodeConfig(Section):
     beam_size: PositiveInt = 5
     nbest: PositiveInt = 1
-    length_penalty: Annotated[float, Field(strict=True, ge=0.0, allow_inf_nan=False)] = 0.6
-    """GNMT alpha (Wu et al. 2016, eq. 14); 0 = plain log-probability."""
+    length_penalty: Annotated[float, Field(strict=True, ge=0.0, le=10.0, allow_inf_nan=False)] = 0.6
+    """GNMT alpha (Wu et al. 2016, eq. 14; tuned there in [0.2, 1]); 0 = plain log-probability."""
     min_len: Annotated[int, Field(strict=True, ge=0)] = 0
     max_len_a: Annotated[float, Field(strict=True, ge=0.0, allow_inf_nan=False)] = 1.5
     max_len_b: Annotated[int, Field(strict=True, ge=1)] = 10

@@ -140,8 +140,10 @@ class Sampling:
 
 
 def sampling_distribution(logp: torch.Tensor, sampling: Sampling) -> torch.Tensor:
-    """Log-probabilities (N, V) -> the probabilities (N, V) that ``sample_tokens`` draws from."""
-    scaled = logp / sampling.temperature
+    """Log-probabilities (N, V) -> the probabilities (N, V) that ``sample_tokens`` draws from. Each row's
+    best piece is moved to 0 before the division, so that a tiny temperature leaves it finite (the others go
+    to -inf: greedy), never a row of -inf."""
+    scaled = (logp - logp.max(dim=-1, keepdim=True).values) / sampling.temperature
     if sampling.top_k and sampling.top_k < scaled.size(-1):
         kth = scaled.topk(sampling.top_k, dim=-1).values[:, -1:]  # (N, 1)
         scaled = scaled.masked_fill(scaled < kth, -math.inf)
@@ -167,8 +169,8 @@ def check_search_settings(beam_size: int, nbest: int, length_penalty: float, min
         raise ValueError(f"beam_size must be at least 1, got {beam_size}")
     if not 1 <= nbest <= beam_size:
         raise ValueError(f"nbest must be between 1 and beam_size ({beam_size}), got {nbest}")
-    if not (math.isfinite(length_penalty) and length_penalty >= 0):
-        raise ValueError(f"length_penalty must be a finite number >= 0, got {length_penalty}")
+    if not (math.isfinite(length_penalty) and 0 <= length_penalty <= 10):
+        raise ValueError(f"length_penalty must be a number in [0, 10], got {length_penalty}")
     if min_len < 0:
         raise ValueError(f"min_len must be >= 0, got {min_len}")
 

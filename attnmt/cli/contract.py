@@ -68,10 +68,11 @@ DECLARED: dict[str, Declared] = {}
 @dataclass(frozen=True)
 class Param:
     """How the user spells a parameter (``--length-penalty`` for an option, ``MODEL`` for an argument), and
-    whether it declares a range of its own (Typer's min or max, which Click checks)."""
+    the bounds it declares (Typer's min and max, which Click checks) in place of ``INT_RANGE``'s."""
 
     spelling: str
-    ranged: bool = False
+    low: float | None = None
+    high: float | None = None
 
 
 def parameters(function: Callable) -> dict[str, Param]:
@@ -80,13 +81,13 @@ def parameters(function: Callable) -> dict[str, Param]:
     for name, hint in typing.get_type_hints(function, include_extras=True).items():
         metadata = getattr(hint, "__metadata__", ())
         info = next((m for m in metadata if isinstance(m, typer.models.ParameterInfo)), None)
-        ranged = info is not None and (info.min is not None or info.max is not None)
+        bounds = (getattr(info, "min", None), getattr(info, "max", None))
         if isinstance(info, typer.models.ArgumentInfo):
-            found[name] = Param(name.rstrip("_").upper(), ranged)
+            found[name] = Param(name.rstrip("_").upper(), *bounds)
         else:
             declared = [d for d in getattr(info, "param_decls", None) or () if d.startswith("--")]
             spelling = declared[0] if declared else "--" + name.rstrip("_").replace("_", "-")
-            found[name] = Param(spelling, ranged)
+            found[name] = Param(spelling, *bounds)
     return found
 
 
@@ -95,18 +96,20 @@ def check_options(values: dict[str, object], declared: Declared, params: dict[st
     for name, value in values.items():
         param = params.get(name, Param(name))
         for item in _as_list(value):
-            check_number(param.spelling, item, param.ranged)
+            check_number(param, item)
     check_paths(values, declared, {name: param.spelling for name, param in params.items()})
 
 
-def check_number(option: str, value: object, ranged: bool = False) -> None:
-    """Floats finite; integers within 64 bits unless the option has a range of its own (``ranged``; bool is
-    not a number here)."""
+def check_number(param: Param, value: object) -> None:
+    """Floats finite; integers within 64 bits, or within the bounds the option declares (bool is not a
+    number here)."""
     if isinstance(value, float) and not math.isfinite(value):
-        raise ConfigError(f"{option} {value}: expected a finite number")
-    if (isinstance(value, int) and not isinstance(value, bool) and not ranged
-            and not INT_RANGE[0] <= value <= INT_RANGE[1]):
-        raise ConfigError(f"{option} {value}: out of range (at most {INT_RANGE[1]:,} in size)")
+        raise ConfigError(f"{param.spelling} {value}: expected a finite number")
+    if isinstance(value, int) and not isinstance(value, bool):
+        low = INT_RANGE[0] if param.low is None else param.low
+        high = INT_RANGE[1] if param.high is None else param.high
+        if not low <= value <= high:
+            raise ConfigError(f"{param.spelling} {value}: out of range ({low:,} to {high:,})")
 
 
 def check_paths(values: dict[str, object], declared: Declared, names: dict[str, str]) -> None:

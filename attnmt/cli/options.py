@@ -170,8 +170,9 @@ MaxTokensOpt = Annotated[int | None, typer.Option("--max-tokens", min=1,
                                                   help="Batch budget: padded source pieces x beam.")]
 DeviceOpt = Annotated[Device, typer.Option("--device",
                                            help="Where to compute; auto takes CUDA when there is one.")]
-LengthPenaltyOpt = Annotated[float | None, typer.Option("--length-penalty", min=0.0,
-                                                        help="GNMT alpha (default: decode.length_penalty).")]
+LengthPenaltyOpt = Annotated[float | None, typer.Option("--length-penalty", min=0.0, max=10.0,
+                                                        help="GNMT alpha, 0 to 10 "
+                                                        "(default: decode.length_penalty).")]
 FormatOpt = Annotated[FigureFormat, typer.Option("--format", help="Figure format.")]
 DpiOpt = Annotated[int, typer.Option("--dpi", min=10, max=1200,
                                      help="Resolution of png figures (dots per inch).")]
