@@ -91,8 +91,8 @@ def missing_model(tokenize: str) -> tuple[Path, str] | None:
     """(path, url) of the sentencepiece model that sacrebleu's spm, flores101, flores200 and spBLEU-1K
     tokenizers load, when it is not on disk; sacrebleu would download it (and leave a lock file in
     ``~/.sacrebleu`` when the network is not there)."""
-    from sacrebleu.tokenizers.tokenizer_spm import SPM_MODELS
-    from sacrebleu.utils import SACREBLEU_DIR
+    # tokenizer_spm's own SACREBLEU_DIR: the folder that module loads from
+    from sacrebleu.tokenizers.tokenizer_spm import SACREBLEU_DIR, SPM_MODELS
 
     if tokenize not in SPM_MODELS:
         return None

@@ -236,8 +236,9 @@ def check_run_folder(run: RunDir) -> None:
     root = run.root
     if not root.exists():
         return
+    shown = os.path.abspath(root)  # "." or "runs/x" named in full
     if not root.is_dir():
-        raise ConfigError(f"{root}: is a file, not a run folder; give an empty or new --run-dir")
+        raise ConfigError(f"{shown}: is a file, not a run folder; give an empty or new --run-dir")
     if is_run_folder(root):
         return
     try:
@@ -245,9 +246,9 @@ def check_run_folder(run: RunDir) -> None:
     except OSError as e:
         raise _resource_error(root, e) from None
     if entries:
-        shown = _some_contents(root)
-        listing = ", ".join(shown[:3]) + (", ..." if len(shown) > 3 else "")
-        raise ConfigError(f"{root}: not an attnmt run folder (holds {listing}); give an empty or new "
+        found = _some_contents(root)
+        listing = ", ".join(found[:3]) + (", ..." if len(found) > 3 else "")
+        raise ConfigError(f"{shown}: not an attnmt run folder (holds {listing}); give an empty or new "
                           "--run-dir")
 
 
