@@ -78,6 +78,7 @@ log = logging.getLogger(__name__)
 def preflight(cfg: Config) -> None:
     """What would fail only later, refused now, before the run folder is touched: validation scores the dev
     set with BLEU's tokenizer for the target language, which for Japanese and Korean needs MeCab."""
+    autocast_dtype(cfg.train.precision, choose_device(cfg.train.device))  # fp16 on the CPU, CUDA missing
     if cfg.train.gradient_checkpointing and cfg.model.arch != "transformer":
         raise ConfigError(f"train.gradient_checkpointing: for the Transformer only (the {cfg.model.arch}'s "
                           "layers run as one fused operation)")

@@ -65,7 +65,12 @@ def with_overrides(decode: DecodeConfig, tgt_vocab_size: int, beam_size: int | N
         update["length_penalty"] = length_penalty
     if max_tokens is not None:
         update["max_tokens"] = max_tokens
-    return decode.model_copy(update=update)
+    decode = decode.model_copy(update=update)
+    try:  # a bad value the command line let through is the user's, not a bug
+        check_search_settings(decode.beam_size, decode.nbest, decode.length_penalty, decode.min_len)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    return decode
 
 
 @dataclass(frozen=True)

@@ -307,8 +307,9 @@ def test_attention_rows():
         (dict(beam_size=V + 1), r"beam_size \(11\) must not exceed the vocabulary size \(10\)"),
         (dict(beam_size=2, nbest=0), "nbest must be between 1 and beam_size"),
         (dict(beam_size=2, nbest=3), r"nbest must be between 1 and beam_size \(2\), got 3"),
-        (dict(length_penalty=-0.5), "length_penalty must be a finite number >= 0"),
-        (dict(length_penalty=math.nan), "length_penalty must be a finite number >= 0"),
+        (dict(length_penalty=-0.5), r"length_penalty must be a number in \[0, 10\]"),
+        (dict(length_penalty=math.nan), r"length_penalty must be a number in \[0, 10\]"),
+        (dict(length_penalty=11.0), r"length_penalty must be a number in \[0, 10\]"),
     ],
 )
 def test_bad_arguments(kw, message):
