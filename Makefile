@@ -35,8 +35,10 @@ browser:
 		&& [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ] \
 		|| { echo "could not install chromium and chromium-driver (log: $(VENV)/browser.log); the browser tests need them: apt-get install chromium chromium-driver"; exit 1; }; }
 
+# Two test processes, one per core (most tests run one thread); a file's tests stay in one process, so
+# its module fixtures are made once.
 test: $(BIN)/.installed browser
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 MPLBACKEND=Agg $(BIN)/python -m pytest
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 MPLBACKEND=Agg $(BIN)/python -m pytest -n 2 --dist loadfile
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check attnmt tests scripts

@@ -20,7 +20,14 @@ import yaml
 from .config import Config
 from .data import ParallelText, read_corpus
 from .errors import CheckpointError, ConfigError, DataError
-from .runfiles import RunDir, atomic_write_text, check_run_folder, replace_dir, write_marker
+from .runfiles import (
+    RunDir,
+    atomic_write_bytes,
+    atomic_write_text,
+    check_run_folder,
+    replace_dir,
+    write_marker,
+)
 from .tokenizer import META_FILE, UNK_ID, Tokenizer, load_external, load_tokenizer, train_tokenizer
 
 log = logging.getLogger(__name__)
@@ -142,8 +149,8 @@ def write_tokenizer(tokenizer: Tokenizer, settings: dict, run: RunDir) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     for name, data in tokenizer.files().items():
-        (tmp / name).write_bytes(data)
-    (tmp / META_FILE).write_text(json.dumps(tokenizer.meta(settings), indent=2), encoding="utf-8")
+        atomic_write_bytes(tmp / name, data)  # fsynced, like every file of the run
+    atomic_write_text(tmp / META_FILE, json.dumps(tokenizer.meta(settings), indent=2))
     replace_dir(tmp, run.tokenizer)
 
 

@@ -66,6 +66,15 @@ def assert_one_error_line(stderr: str) -> str:
     return lines[0]
 
 
+def expect_error(result, code: int, *fragments: str) -> str:
+    """A Typer runner's result: exit ``code`` and one ``error:`` line holding every fragment; returns the
+    line."""
+    assert result.exit_code == code, result.output
+    line = assert_one_error_line(result.stderr)
+    assert all(f in line for f in fragments), line
+    return line
+
+
 def run_attnmt(*args: str, cwd: Path = REPO, timeout: float = 60) -> subprocess.CompletedProcess:
     """Run ``python -m attnmt ARGS`` as a user would, offline, with a timeout."""
     return subprocess.run(

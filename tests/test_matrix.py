@@ -28,6 +28,7 @@ from helpers import (
     TINY_MODELS,
     TINY_TRAIN,
     assert_one_error_line,
+    expect_error,
     hash_tree,
     train_env,
 )
@@ -51,14 +52,6 @@ def _restore_torch_state():
 
 def invoke(*args, input: str | bytes | None = None):
     return CliRunner().invoke(app, [str(a) for a in args], input=input)
-
-
-def expect_error(result, code: int, *fragments: str) -> str:
-    """Exit ``code`` and one ``error:`` line holding every fragment; returns the line."""
-    assert result.exit_code == code, result.output
-    line = assert_one_error_line(result.stderr)
-    assert all(f in line for f in fragments), line
-    return line
 
 
 def assert_kept(before: dict[str, str], root: Path) -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import OFFLINE_ENV, REPO, TOY_CONFIG, TOY_SET, assert_one_error_line, hash_tree
+from helpers import OFFLINE_ENV, REPO, TOY_CONFIG, TOY_SET, expect_error, hash_tree
 from typer.testing import CliRunner
 
 from attnmt.cli import app
@@ -34,13 +34,6 @@ SOURCE = "monday , 3 june 2001"
 
 def invoke(*args, input: str | None = None):
     return CliRunner().invoke(app, [str(a) for a in args], input=input)
-
-
-def refused(result, code: int, *fragments: str) -> str:
-    assert result.exit_code == code, result.output
-    line = assert_one_error_line(result.stderr)
-    assert all(f in line for f in fragments), line
-    return line
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +63,7 @@ def project(tmp_path, tiny) -> Path:
 def test_run_dir_dot_in_a_project_is_refused_and_nothing_is_touched(project, command, monkeypatch):
     before = hash_tree(project)
     monkeypatch.chdir(project)
-    line = refused(invoke(command, "config.yaml", "--run-dir", "."), 2, "not an attnmt run folder",
+    line = expect_error(invoke(command, "config.yaml", "--run-dir", "."), 2, "not an attnmt run folder",
                    "config.yaml", "data/train/train.de", "give an empty or new --run-dir")
     assert str(project) in line  # the folder by its full name, not "."
     assert hash_tree(project) == before
@@ -79,7 +72,7 @@ def test_run_dir_dot_in_a_project_is_refused_and_nothing_is_touched(project, com
 
 def test_the_config_run_dir_in_a_project_is_refused_too(project):
     before = hash_tree(project)
-    refused(invoke("train", project / "config.yaml", "--set", f"train.run_dir={project}"), 2,
+    expect_error(invoke("train", project / "config.yaml", "--set", f"train.run_dir={project}"), 2,
             "not an attnmt run folder")
     assert hash_tree(project) == before
 
@@ -105,7 +98,7 @@ def test_a_folder_a_killed_claim_left_with_only_its_lock_is_taken(tmp_path):
     assert result.exit_code == 0, result.output
 
 
-def test_a_corpus_inside_the_run_folders_own_data_is_refused(toy_run_copy, tmp_path):
+def test_a_corpus_inside_the_run_folders_own_data_is_expect_error(toy_run_copy, tmp_path):
     corpus = toy_run_copy / "data" / "mine"
     corpus.mkdir()
     (corpus / "a.en").write_text("x\n")
@@ -114,7 +107,7 @@ def test_a_corpus_inside_the_run_folders_own_data_is_refused(toy_run_copy, tmp_p
     config["data"]["dev"] = {"src": str(corpus / "a.en"), "tgt": str(corpus / "a.de")}
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
     before = hash_tree(toy_run_copy)
-    refused(invoke("prepare", tmp_path / "c.yaml", "--run-dir", toy_run_copy, *TOY_SET[:2]), 2,
+    expect_error(invoke("prepare", tmp_path / "c.yaml", "--run-dir", toy_run_copy, *TOY_SET[:2]), 2,
             "data.dev.src", "which prepare replaces")
     assert hash_tree(toy_run_copy) == before
 
@@ -123,7 +116,7 @@ def test_a_corpus_inside_the_run_folders_own_data_is_refused(toy_run_copy, tmp_p
 
 
 @pytest.mark.parametrize("how", ["same", "hard link", "symbolic link"])
-def test_an_output_onto_an_ensemble_member_is_refused(trained, tmp_path, how):
+def test_an_output_onto_an_ensemble_member_is_expect_error(trained, tmp_path, how):
     member = tmp_path / "member.pt"
     shutil.copy(next(trained.glob("checkpoints/step_*.pt")), member)
     output = {"same": member, "hard link": tmp_path / "hard.pt", "symbolic link": tmp_path / "sym.pt"}[how]
@@ -132,28 +125,28 @@ def test_an_output_onto_an_ensemble_member_is_refused(trained, tmp_path, how):
     elif how == "symbolic link":
         output.symlink_to(member)
     before = hash_tree(tmp_path)
-    refused(invoke("translate", trained, SOURCE, "--ensemble", member, "-o", output), 2,
+    expect_error(invoke("translate", trained, SOURCE, "--ensemble", member, "-o", output), 2,
             "--output", "--ensemble", "refusing to overwrite the input")
     source = tmp_path / "src.en"
     source.write_text(SOURCE + "\n")
     reference = tmp_path / "ref.de"
     reference.write_text("montag\n")
     before = hash_tree(tmp_path)
-    refused(invoke("eval", trained, "--src", source, "--ref", reference, "--ensemble", member,
+    expect_error(invoke("eval", trained, "--src", source, "--ref", reference, "--ensemble", member,
                    "--hyp-out", output), 2, "--hyp-out", "--ensemble")
     assert hash_tree(tmp_path) == before
 
 
 @pytest.mark.parametrize("own", ["metrics.jsonl", "config.yaml", "checkpoints/latest.json"])
-def test_plot_curves_onto_the_runs_own_files_is_refused(trained, own):
+def test_plot_curves_onto_the_runs_own_files_is_expect_error(trained, own):
     before = hash_tree(trained)
-    refused(invoke("plot-curves", trained, "--out", trained / own), 2, "--out", "own")
+    expect_error(invoke("plot-curves", trained, "--out", trained / own), 2, "--out", "own")
     assert hash_tree(trained) == before
 
 
 def test_outputs_into_a_run_folder_go_only_where_the_run_does_not_write(trained, tmp_path):
     before = hash_tree(trained)
-    refused(invoke("translate", trained, SOURCE, "-o", trained / "checkpoints" / "notes.txt"), 2,
+    expect_error(invoke("translate", trained, SOURCE, "-o", trained / "checkpoints" / "notes.txt"), 2,
             "checkpoints is the run folder")
     assert hash_tree(trained) == before
     result = invoke("translate", trained, SOURCE, "-o", trained / "hyp.txt")  # the user's own name: fine
@@ -164,19 +157,20 @@ def test_outputs_into_a_run_folder_go_only_where_the_run_does_not_write(trained,
     (trained / "curves.png").unlink()
 
 
-def test_two_outputs_of_one_command_on_one_path_are_refused(trained, tmp_path):
+def test_two_outputs_of_one_command_on_one_path_are_expect_error(trained, tmp_path):
     source = tmp_path / "src.en"
     source.write_text(SOURCE + "\n")
-    refused(invoke("align", trained, "--src", source, "-o", tmp_path / "x", "--hyp-out", tmp_path / "x"), 2,
-            "--hyp-out", "is also --output")
+    result = invoke("align", trained, "--src", source, "-o", tmp_path / "x", "--hyp-out", tmp_path / "x")
+    expect_error(result, 2, "--hyp-out", "is also --output")
     assert not (tmp_path / "x").exists()
 
 
-def test_an_output_inside_an_input_folder_is_refused(trained, tmp_path):
+def test_an_output_inside_an_input_folder_is_expect_error(trained, tmp_path):
     export = tmp_path / "ct2"
     assert invoke("export", trained, export).exit_code == 0
     before = hash_tree(export)
-    refused(invoke("translate", export, SOURCE, "-o", export / "model.bin"), 2, "inside the input folder")
+    result = invoke("translate", export, SOURCE, "-o", export / "model.bin")
+    expect_error(result, 2, "inside the input folder")
     assert hash_tree(export) == before
 
 
@@ -189,24 +183,24 @@ def test_toy_data_replaces_none_of_a_users_files(tmp_path):
     (corpus / "train.en").write_text("A man in an orange hat.\n")
     (corpus / "train.de").write_text("Ein Mann mit einem orangefarbenen Hut.\n")
     before = hash_tree(corpus)
-    refused(invoke("toy-data", corpus), 2, "train.en", "train.de", "replaces no file")
+    expect_error(invoke("toy-data", corpus), 2, "train.en", "train.de", "replaces no file")
     assert hash_tree(corpus) == before
 
 
 def test_toy_data_onto_a_file_exits_2(tmp_path):
     (tmp_path / "notes").write_text("mine\n")
-    refused(invoke("toy-data", tmp_path / "notes"), 2, "is a file; give a folder")
+    expect_error(invoke("toy-data", tmp_path / "notes"), 2, "is a file; give a folder")
     assert (tmp_path / "notes").read_text() == "mine\n"
 
 
-def test_toy_data_again_is_a_no_op_and_other_sizes_are_refused(tmp_path):
+def test_toy_data_again_is_a_no_op_and_other_sizes_are_expect_error(tmp_path):
     sizes = ["--train-size", "5", "--dev-size", "2", "--test-size", "2"]
     assert invoke("toy-data", tmp_path / "toy", *sizes).exit_code == 0
     written = hash_tree(tmp_path)
     assert len(written) == 9
     assert invoke("toy-data", tmp_path / "toy", *sizes).exit_code == 0
     assert hash_tree(tmp_path) == written
-    refused(invoke("toy-data", tmp_path / "toy", *sizes[:-1], "3"), 2, "test.en")
+    expect_error(invoke("toy-data", tmp_path / "toy", *sizes[:-1], "3"), 2, "test.en")
     assert hash_tree(tmp_path) == written
 
 
@@ -323,7 +317,7 @@ def test_numbers_out_of_range_exit_2_naming_the_option(trained, tmp_path, args, 
     (tmp_path / "src").write_text(SOURCE + "\n")
     places = {"<run>": trained, "<src>": tmp_path / "src", "<tmp>": tmp_path / "out"}
     before = hash_tree(tmp_path)
-    refused(invoke(*[places.get(a, a) for a in args]), 2, fragment)
+    expect_error(invoke(*[places.get(a, a) for a in args]), 2, fragment)
     assert hash_tree(tmp_path) == before
 
 
@@ -342,7 +336,7 @@ def test_a_tokenizer_that_needs_a_download_exits_3_and_writes_nothing(tmp_path, 
     monkeypatch.setattr("sacrebleu.tokenizers.tokenizer_spm.SACREBLEU_DIR", str(home / ".sacrebleu"))
     (tmp_path / "hyp").write_text("ein mann\n")
     result = invoke("eval", "--hyp", tmp_path / "hyp", "--ref", tmp_path / "hyp", "--tokenize", tokenizer)
-    line = refused(result, 3, f"{tokenizer} tokenizer", "fetch https://")
+    line = expect_error(result, 3, f"{tokenizer} tokenizer", "fetch https://")
     assert str(home / ".sacrebleu" / "models") in line
     assert list(home.rglob("*")) == []
 
