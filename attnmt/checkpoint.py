@@ -201,6 +201,8 @@ def resolve_model_path(model: Path) -> Path:
         return model
     if not model.exists():
         raise CheckpointError(f"{model}: no such checkpoint or run folder")
+    if not model.is_dir():  # a pipe or a device: the checks and torch read a checkpoint more than once
+        raise CheckpointError(f"{model}: not a file or a folder (a pipe?); a checkpoint is read from disk")
     if (model / EXPORT_MANIFEST).exists():
         raise CheckpointError(f"{model}: a CTranslate2 export, which only translate and eval read; give the "
                               "checkpoint it was exported from")

@@ -12,6 +12,7 @@ walks every option of every command with hostile values).
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
@@ -260,7 +261,7 @@ def fifo_with(path: Path, data: bytes) -> Path:
     os.mkfifo(path)
 
     def write() -> None:
-        with open(path, "wb") as pipe:
+        with contextlib.suppress(BrokenPipeError), open(path, "wb") as pipe:
             pipe.write(data)
 
     threading.Thread(target=write, daemon=True).start()
@@ -288,6 +289,13 @@ def test_translate_and_score_read_sources_from_pipes(trained, tmp_path):
     assert on_disk.exit_code == 0, on_disk.output
     from_file = invoke("score", trained, "--src", tmp_path / "src", "--tgt", tmp_path / "tgt")
     assert on_disk.stdout == from_file.stdout
+
+
+def test_a_checkpoint_from_a_pipe_exits_4_saying_so(trained, tmp_path):
+    checkpoint = next(trained.glob("checkpoints/step_*.pt"))
+    result = invoke("translate", fifo_with(tmp_path / "model", checkpoint.read_bytes()), SOURCE)
+    expect_error(result, 4, "a checkpoint is read from disk")
+    os.close(os.open(tmp_path / "model", os.O_RDONLY | os.O_NONBLOCK))  # the writer, never read, may go
 
 
 def test_eval_reads_dev_stdin(tmp_path):
