@@ -6,56 +6,45 @@ the micro-batch among the step's micro-batches on every rank). So a resumed run,
 accumulating N micro-batches, all draw the same batches and the same dropout masks, and log the same
 losses.
 
-The parts: ``step`` (one optimizer step and its normalisation), ``distributed`` (device, ranks), ``optim``
-(AdamW, the schedule), ``checkpoint`` (the payload, resume checks), ``keeper`` (which checkpoints stay),
-``validation`` (dev scores, heatmaps), ``runlog`` (records and events), ``faults`` (what tests inject).
-``Trainer`` holds them across steps.
-"""
+The parts: ``runstart`` (what is settled before the loop), ``step`` (one optimizer step), ``distributed``
+(device, ranks), ``optim`` (AdamW, the schedule), ``checkpoint`` (the payload, resume checks), ``keeper``
+(which checkpoints stay), ``averaging``, ``validation`` (dev scores, heatmaps), ``runlog`` (records and
+events), ``faults`` (what tests inject). ``Trainer`` holds them across steps."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import logging
 import os
 import signal
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 
+from .averaging import average_newest, point_best
 from .batching import TokenBatchSampler, load_split
 from .checkpoint import (
-    AVERAGE_FILE,
-    STEP_FILE,
-    average_checkpoints,
-    diff_dicts,
     fingerprint,
     latest_checkpoint,
     read_pointer,
     recorded_tokenizer,
     restore_training,
     save_checkpoint,
-    save_payload,
     sha256_file,
     training_payload,
-    write_pointer,
 )
-from .config import Config, load_config
-from .data import describe_source
+from .config import Config
 from .distributed import choose_device, setup_distributed
-from .errors import AttnmtError, CheckpointError, ConfigError, DataError, DivergedError, is_out_of_memory
+from .errors import AttnmtError, CheckpointError, DivergedError, is_out_of_memory
 from .faults import NO_FAULTS, Faults
-from .guided import piece_alignments
 from .keeper import CheckpointKeeper
-from .languages import bleu_tokenizer, missing_extra
 from .models import build_model
 from .optim import Schedule, make_optimizer
-from .prepare import prepare, write_tokenizer
+from .prepare import prepare
 from .runfiles import RunDir, remove_stale
 from .runlog import (
     Finished,
@@ -68,37 +57,12 @@ from .runlog import (
     TrainRecord,
     open_tensorboard,
 )
+from .runstart import autocast_dtype, data_to_prepare, guided_links, initial_weights, preflight
 from .step import OptimizerStep, StepResult
 from .tokenizer import PAD_ID, load_tokenizer
 from .validation import Validator
 
 log = logging.getLogger(__name__)
-
-
-def preflight(cfg: Config) -> None:
-    """What would fail only later, refused now, before the run folder is touched: validation scores the dev
-    set with BLEU's tokenizer for the target language, which for Japanese and Korean needs MeCab."""
-    autocast_dtype(cfg.train.precision, choose_device(cfg.train.device))  # fp16 on the CPU, CUDA missing
-    if cfg.train.gradient_checkpointing and cfg.model.arch != "transformer":
-        raise ConfigError(f"train.gradient_checkpointing: for the Transformer only (the {cfg.model.arch}'s "
-                          "layers run as one fused operation)")
-    if cfg.data.dev is None:
-        return
-    tokenizer = bleu_tokenizer(cfg.data.tgt_lang)
-    extra = missing_extra(tokenizer)
-    if extra is not None:
-        raise ConfigError(f"data.tgt_lang: {cfg.data.tgt_lang!r}: validation scores BLEU with sacrebleu's "
-                          f"{tokenizer} tokenizer, which needs MeCab (pip install '{extra}')")
-
-
-def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
-    """``train.precision`` on ``device``: the autocast dtype, or None for fp32."""
-    if precision == "auto":
-        precision = "bf16" if device.type == "cuda" else "fp32"
-    if precision == "fp16" and device.type != "cuda":
-        raise ConfigError("train.precision: fp16 needs CUDA (its gradient scaler); on the CPU use bf16 or "
-                          "fp32")
-    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
 
 
 class Interrupted(Exception):
@@ -158,9 +122,13 @@ class Trainer:
         if resume and not any(run.checkpoints.glob("step_*.pt")):
             raise CheckpointError(f"{run.root}: --resume given, but the run folder has no checkpoint")
         fresh = not any(run.checkpoints.glob("step_*.pt"))
-        self.initial = self._initial_weights() if fresh and self.tc.init_from is not None else None
+        self.initial = (initial_weights(self.cfg, run, self.dist.main)
+                        if fresh and self.tc.init_from is not None else None)
         if self.dist.main:
-            self._prepare_data()
+            remove_stale(run)  # what a killed process left half-written (RunLock did it for the CLI)
+            if data_to_prepare(self.cfg, run):
+                self.log.show(Message("preparing data (attnmt prepare) ..."))
+                prepare(self.cfg, run)
         self.dist.barrier()
         # The checkpoint names its tokenizer, so a swapped model file is refused before sentencepiece
         # parses it.
@@ -169,7 +137,8 @@ class Trainer:
         self.train_data = load_split(run, "train", source_text=self.tc.alignment is not None)
         dev_data = load_split(run, "dev", source_text=True)
         if self.tc.alignment is not None:
-            self.train_data.align = self._guided_alignments()
+            self.train_data.align, said = guided_links(self.cfg, run, self.train_data, self.tokenizer)
+            self.log.show(Message(said))
         self.sampler = TokenBatchSampler(
             self.train_data.lengths, self.tc.max_tokens, self.tc.seed,
             num_replicas=self.dist.world_size, rank=self.dist.rank, multiple_of=self.tc.accum_steps,
@@ -201,64 +170,6 @@ class Trainer:
                                             self.device, self.tc, self.train_data, self.faults)
         if self.tc.tensorboard and self.dist.main:
             self.log.tensorboard = open_tensorboard(run)
-
-    def _initial_weights(self) -> tuple[dict, Path]:
-        """``train.init_from``: the checkpoint's weights, after checking that its model config is this
-        run's, and its tokenizer put in the run folder (or checked against the one there)."""
-        from .checkpoint import diff_dicts, load_model
-
-        model, tokenizer, init_cfg, path = load_model(self.tc.init_from)
-        changes = diff_dicts(init_cfg.model.model_dump(mode="json"), self.cfg.model.model_dump(mode="json"))
-        if changes:
-            raise ConfigError(f"train.init_from {path}: its model config differs from this run's "
-                              f"({'; '.join(changes[:4])}); fine-tuning keeps the architecture")
-        run = self.run
-        if run.tokenizer.exists():
-            here = load_tokenizer(run.tokenizer)
-            if here.fingerprint() != tokenizer.fingerprint():
-                raise ConfigError(f"train.init_from {path}: {run.tokenizer} holds another tokenizer than the "
-                                  "checkpoint's; use another --run-dir")
-        elif self.dist.main:
-            write_tokenizer(tokenizer, self.cfg.tokenizer.model_dump(mode="json"), run)
-        return model.state_dict(), path
-
-    def _guided_alignments(self) -> list:
-        """``train.alignment``'s links of every training pair, in pieces, checked against the corpus."""
-        try:
-            stats = {s["name"]: s for s in json.loads(self.run.stats.read_text(encoding="utf-8"))}
-            read = int(stats["train"]["read"])
-        except (OSError, ValueError, KeyError, TypeError):
-            raise DataError(f"{self.run.stats}: unreadable, or it lacks the training corpus's line count; "
-                            "run attnmt prepare again") from None
-        guided = piece_alignments(self.tc.alignment, self.train_data, self.tokenizer, read,
-                                  describe_source(self.cfg.data.train))
-        supervised = sum(1 for x in guided.links if len(x))
-        skipped = (f"; {guided.skipped} left out (their pieces make other words than their spaces: "
-                   f"first at line {guided.first_skipped})" if guided.skipped else "")
-        self.log.show(Message(f"guided alignment: {supervised} of {len(guided.links)} training pairs have "
-                              f"links{skipped}; decoder layer {self.tc.alignment.layer}, heads "
-                              f"{self.tc.alignment.heads}, weight {self.tc.alignment.weight:g}"))
-        return guided.links
-
-    def _prepare_data(self) -> None:
-        """Run ``prepare`` unless the run folder holds data prepared with this config's data and tokenizer
-        settings."""
-        run = self.run
-        remove_stale(run)  # what a killed process left half-written (RunLock did it for the CLI)
-        # config.yaml is written last, so without it an earlier prepare stopped halfway: prepare again.
-        if not run.split("train").exists() or not run.tokenizer.exists() or not run.config.exists():
-            self.log.show(Message("preparing data (attnmt prepare) ..."))
-            prepare(self.cfg, run)
-            return
-        stored = load_config(run.config)
-        sections = ("data", "tokenizer")
-        changes = diff_dicts({s: getattr(stored, s).model_dump(mode="json") for s in sections},
-                             {s: getattr(self.cfg, s).model_dump(mode="json") for s in sections})
-        if changes:
-            raise ConfigError(
-                f"{run.root}: this run was prepared with other data or tokenizer settings "
-                f"({'; '.join(changes[:3])}); use another --run-dir"
-            )
 
     def _build(self) -> None:
         """The model (its initial weights follow from train.seed), optimizer, schedule and precision."""
@@ -461,44 +372,22 @@ class Trainer:
         return bool(self.tc.patience) and p.evals_without_improvement >= self.tc.patience
 
     def average_last(self) -> None:
-        """``train.average_last``: the newest k checkpoints averaged into ``average.pt`` and validated (rank
-        0); ``best.json`` names the average when it scores better than the best checkpoint."""
+        """``train.average_last`` (``averaging``), validated on rank 0."""
         if self.dist.main:
-            k, run = self.tc.average_last, self.run
-            files = sorted(path for path in run.checkpoints.glob("step_*.pt") if STEP_FILE.match(path.name))
-            files = files[-k:]
-            if len(files) < 2:
-                self.log.show(Message(f"train.average_last: {len(files)} checkpoint, nothing to average"))
+            average = average_newest(self.run, self.tc.average_last)
+            if isinstance(average, list):
+                self.log.show(Message(f"train.average_last: {len(average)} checkpoint, nothing to average"))
+            elif self.validator is None:
+                self.log.show(Message(average.describe()))
             else:
-                self._save_average(files)
+                model = copy.deepcopy(self.model)
+                model.load_state_dict(average.payload["model"], strict=True)
+                result = self.validator.validate(model, self.progress.step)
+                self.log.record(dataclasses.replace(result, averaged=average.steps))
+                self.log.show(Message(point_best(self.run, average, result.score(self.tc.metric),
+                                                 self.progress.best, self.tc.metric,
+                                                 self.keeper.higher_is_better, self.progress.step)))
         self.dist.barrier()
-
-    def _save_average(self, files: list[Path]) -> None:
-        payload = average_checkpoints(files)
-        out = self.run.checkpoints / AVERAGE_FILE
-        save_payload(payload, out)
-        steps = [int(STEP_FILE.match(path.name).group(1)) for path in files]
-        text = f"averaged the checkpoints of steps {', '.join(map(str, steps))} into {out}"
-        if self.validator is None:
-            self.log.show(Message(text))
-            return
-        model = copy.deepcopy(self.model)
-        model.load_state_dict(payload["model"], strict=True)
-        result = dataclasses.replace(self.validator.validate(model, self.progress.step), averaged=steps)
-        self.log.record(result)
-        score, ranking = result.score(self.tc.metric), self.progress.best
-        # Against the best checkpoint, never against the average of an earlier end of this run (a run
-        # continued with a larger max_steps), which average.pt no longer holds.
-        best = {**ranking[0], "metric": self.tc.metric, "checkpoints": ranking} if ranking else {}
-        better = best.get("score") is None or (score > best["score"] if self.keeper.higher_is_better
-                                               else score < best["score"])
-        write_pointer(self.run, "best", {**best, "step": self.progress.step, "score": score,
-                                         "file": AVERAGE_FILE, "sha256": sha256_file(out),
-                                         "averaged_from": [path.name for path in files]} if better else best)
-        single = best.get("score", float("nan"))
-        self.log.show(Message(f"{text}: dev {self.tc.metric} {score:.2f} against {single:.2f} for the best "
-                              f"checkpoint; the run folder's best is "
-                              f"{'the average' if better else 'still that checkpoint'}"))
 
     def save(self) -> dict:
         """Save the full training state (rank 0); every rank waits until it is on disk."""

@@ -85,7 +85,8 @@ def train(
     from ..distributed import environment_rank
     from ..faults import NO_FAULTS, Faults
     from ..runfiles import RunLock
-    from ..train import Interrupted, fit, preflight
+    from ..runstart import preflight
+    from ..train import Interrupted, fit
     from .reporting import TrainReporter
 
     preflight(cfg)  # before the run folder is made

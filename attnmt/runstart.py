@@ -1,0 +1,103 @@
+"""What a training run settles before its loop: settings refused before the run folder is touched
+(``preflight``), the autocast dtype, the weights a fine-tuning run starts from, whether the data must be
+prepared, and the guided-alignment links of the training pairs. ``train.Trainer`` calls these once."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from .batching import EncodedSplit
+from .checkpoint import diff_dicts, load_model
+from .config import Config, load_config
+from .data import describe_source
+from .distributed import choose_device
+from .errors import ConfigError, DataError
+from .guided import piece_alignments
+from .languages import bleu_tokenizer, missing_extra
+from .prepare import write_tokenizer
+from .runfiles import RunDir
+from .tokenizer import Tokenizer, load_tokenizer
+
+
+def preflight(cfg: Config) -> None:
+    """What would fail only later, refused now, before the run folder is touched: fp16 on the CPU or a
+    missing CUDA, gradient checkpointing of an LSTM, and a validation that scores the dev set with BLEU's
+    tokenizer for the target language, which for Japanese and Korean needs MeCab."""
+    autocast_dtype(cfg.train.precision, choose_device(cfg.train.device))
+    if cfg.train.gradient_checkpointing and cfg.model.arch != "transformer":
+        raise ConfigError(f"train.gradient_checkpointing: for the Transformer only (the {cfg.model.arch}'s "
+                          "layers run as one fused operation)")
+    if cfg.data.dev is None:
+        return
+    tokenizer = bleu_tokenizer(cfg.data.tgt_lang)
+    extra = missing_extra(tokenizer)
+    if extra is not None:
+        raise ConfigError(f"data.tgt_lang: {cfg.data.tgt_lang!r}: validation scores BLEU with sacrebleu's "
+                          f"{tokenizer} tokenizer, which needs MeCab (pip install '{extra}')")
+
+
+def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
+    """``train.precision`` on ``device``: the autocast dtype, or None for fp32."""
+    if precision == "auto":
+        precision = "bf16" if device.type == "cuda" else "fp32"
+    if precision == "fp16" and device.type != "cuda":
+        raise ConfigError("train.precision: fp16 needs CUDA (its gradient scaler); on the CPU use bf16 or "
+                          "fp32")
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+
+
+def initial_weights(cfg: Config, run: RunDir, main: bool) -> tuple[dict, Path]:
+    """``train.init_from``: the checkpoint's weights, after checking that its model config is this run's,
+    and its tokenizer put in the run folder (by the ``main`` process), or checked against the one there."""
+    model, tokenizer, init_cfg, path = load_model(cfg.train.init_from)
+    changes = diff_dicts(init_cfg.model.model_dump(mode="json"), cfg.model.model_dump(mode="json"))
+    if changes:
+        raise ConfigError(f"train.init_from {path}: its model config differs from this run's "
+                          f"({'; '.join(changes[:4])}); fine-tuning keeps the architecture")
+    if run.tokenizer.exists():
+        here = load_tokenizer(run.tokenizer)
+        if here.fingerprint() != tokenizer.fingerprint():
+            raise ConfigError(f"train.init_from {path}: {run.tokenizer} holds another tokenizer than the "
+                              "checkpoint's; use another --run-dir")
+    elif main:
+        write_tokenizer(tokenizer, cfg.tokenizer.model_dump(mode="json"), run)
+    return model.state_dict(), path
+
+
+def data_to_prepare(cfg: Config, run: RunDir) -> bool:
+    """Whether ``prepare`` must run: the run folder lacks prepared data; a ConfigError when it holds data
+    prepared with other data or tokenizer settings."""
+    # config.yaml is written last, so without it an earlier prepare stopped halfway: prepare again.
+    if not run.split("train").exists() or not run.tokenizer.exists() or not run.config.exists():
+        return True
+    stored = load_config(run.config)
+    sections = ("data", "tokenizer")
+    changes = diff_dicts({s: getattr(stored, s).model_dump(mode="json") for s in sections},
+                         {s: getattr(cfg, s).model_dump(mode="json") for s in sections})
+    if changes:
+        raise ConfigError(f"{run.root}: this run was prepared with other data or tokenizer settings "
+                          f"({'; '.join(changes[:3])}); use another --run-dir")
+    return False
+
+
+def guided_links(cfg: Config, run: RunDir, train_data: EncodedSplit,
+                 tokenizer: Tokenizer) -> tuple[list, str]:
+    """``train.alignment``'s links of every training pair, in pieces, checked against the corpus; and the
+    line that says how many pairs have them."""
+    try:
+        stats = {s["name"]: s for s in json.loads(run.stats.read_text(encoding="utf-8"))}
+        read = int(stats["train"]["read"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise DataError(f"{run.stats}: unreadable, or it lacks the training corpus's line count; "
+                        "run attnmt prepare again") from None
+    alignment = cfg.train.alignment
+    guided = piece_alignments(alignment, train_data, tokenizer, read, describe_source(cfg.data.train))
+    supervised = sum(1 for x in guided.links if len(x))
+    skipped = (f"; {guided.skipped} left out (their pieces make other words than their spaces: "
+               f"first at line {guided.first_skipped})" if guided.skipped else "")
+    return guided.links, (f"guided alignment: {supervised} of {len(guided.links)} training pairs have "
+                          f"links{skipped}; decoder layer {alignment.layer}, heads {alignment.heads}, "
+                          f"weight {alignment.weight:g}")
