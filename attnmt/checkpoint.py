@@ -439,64 +439,6 @@ def model_spec(target: Path, overrides: list[str] | None = None) -> ModelSpec:
     return ModelSpec(cfg, cfg.tokenizer.vocab_size, cfg.tokenizer.vocab_size, "tokenizer.vocab_size")
 
 
-# ------------------------------------------------------------------------------------------ averaging
-
-
-def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
-    """A checkpoint payload whose weights are the element-wise mean of those in ``paths`` (Vaswani et al.
-    2017, sec. 6.1: the last checkpoints of a run, averaged, translate better than any one of them).
-
-    All files must hold the same model config and tokenizer. Floating-point tensors are summed in float64
-    and cast back; other tensors must be equal and are kept. The result is the first file's payload with
-    the mean weights and its progress, without optimizer, schedule or scaler state (it translates and
-    scores, it does not resume training), plus ``averaged_from``: the file names in order.
-    """
-    paths = [Path(p) for p in paths]
-    if len(paths) < 2:
-        raise ValueError("averaging needs at least two checkpoints")
-    first = load_checkpoint(paths[0])
-    fingerprint = first.get("fingerprint")
-    if (not isinstance(fingerprint, dict) or "model_sha256" not in fingerprint
-            or "tokenizer" not in fingerprint):
-        raise CheckpointError(f"{paths[0]}: checkpoint has no model and tokenizer fingerprint")
-    sums: dict[str, torch.Tensor] = {}
-    for i, path in enumerate(paths):
-        payload = first if i == 0 else load_checkpoint(path)
-        other = payload.get("fingerprint") or {}
-        if other.get("model_sha256") != fingerprint["model_sha256"]:
-            changes = diff_dicts(fingerprint.get("model"), other.get("model"))
-            raise CheckpointError(f"{path}: another model config than {paths[0].name} "
-                                  f"({'; '.join(changes[:4]) or 'fingerprints differ'})")
-        if other.get("tokenizer") != fingerprint["tokenizer"]:
-            raise CheckpointError(f"{path}: tokenizer does not match {paths[0].name}")
-        state = payload["model"]
-        if sums and state.keys() != sums.keys():
-            raise CheckpointError(f"{path}: other parameter names than {paths[0].name} "
-                                  f"({', '.join(sorted(state.keys() ^ sums.keys())[:4])})")
-        for name, tensor in state.items():
-            if name in sums and ((tensor.shape, tensor.is_floating_point())
-                                 != (sums[name].shape, sums[name].is_floating_point())):
-                raise CheckpointError(f"{path}: {name} is {tensor.dtype} {tuple(tensor.shape)}, "
-                                      f"in {paths[0].name} "
-                                      f"{first['model'][name].dtype} {tuple(sums[name].shape)}")
-            if not tensor.is_floating_point():
-                if name in sums and not torch.equal(tensor, sums[name]):
-                    raise CheckpointError(f"{path}: {name} differs from {paths[0].name} "
-                                          "(not a float tensor, so not averaged)")
-                sums[name] = tensor
-            elif not bool(torch.isfinite(tensor).all()):
-                raise CheckpointError(f"{path}: parameter {name} holds non-finite values")
-            elif name in sums:
-                sums[name] += tensor.double()
-            else:
-                sums[name] = tensor.to(torch.float64, copy=True)
-    dtypes = {name: tensor.dtype for name, tensor in first["model"].items()}
-    model = {name: (s / len(paths)).to(dtypes[name]) if dtypes[name].is_floating_point else s
-             for name, s in sums.items()}
-    return {**first, "model": model, "optimizer": None, "schedule": None, "scaler": None,
-            "averaged_from": [p.name for p in paths]}  # fmt: skip
-
-
 def save_payload(payload: dict[str, Any], out: Path) -> None:
     """Write a payload that is not part of a run (e.g. an average) to ``out`` atomically: a temporary file in
     the same folder, fsync, rename; a failure leaves ``out`` as it was."""

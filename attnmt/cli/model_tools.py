@@ -21,7 +21,8 @@ def average(
                                       show_default=False)],
 ) -> None:
     """Average the parameters of several checkpoints into one that translate and eval accept."""
-    from ..checkpoint import average_checkpoints, save_payload
+    from ..averaging import average_checkpoints
+    from ..checkpoint import save_payload
 
     if len(checkpoints) < 2:
         raise ConfigError(f"average needs at least two checkpoints, got {len(checkpoints)}")
