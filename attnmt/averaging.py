@@ -21,6 +21,7 @@ from .checkpoint import (
     sha256_file,
     write_pointer,
 )
+from .choices import improves
 from .errors import CheckpointError
 from .runfiles import RunDir
 
@@ -109,7 +110,7 @@ def point_best(run: RunDir, average: Average, score: float, ranking: list[dict],
     checkpoint of ``ranking`` (the keeper's, best first), else that checkpoint's; returns what to say."""
     best = {**ranking[0], "metric": metric, "checkpoints": ranking} if ranking else {}
     single = best.get("score", float("nan"))
-    better = best.get("score") is None or (score > single if higher_is_better else score < single)
+    better = improves(score, best.get("score"), higher_is_better)
     write_pointer(run, "best", {**best, "step": step, "score": score, "file": AVERAGE_FILE,
                                 "sha256": sha256_file(average.path),
                                 "averaged_from": [path.name for path in average.files]} if better else best)

@@ -18,6 +18,17 @@ METRICS = ("bleu", "chrf", "ter")
 """The corpus metrics ``attnmt eval`` computes (``metrics.corpus_scores``)."""
 
 
+def higher_is_better(metric: str) -> bool:
+    """``train.metric``'s direction: BLEU and chrF rise as a model improves, the dev loss falls."""
+    return metric != "loss"
+
+
+def improves(score: float, than: float | None, higher_better: bool) -> bool:
+    """The one "is this score better" rule (early stopping, the plateau schedule, the best checkpoint, the
+    average against it): strictly better than ``than``, and anything is better than nothing (None)."""
+    return than is None or (score > than if higher_better else score < than)
+
+
 class BleuTokenizer(str, Enum):
     """``eval --tokenize``: sacrebleu's BLEU tokenizers (sacrebleu 2.6; ``tests/test_metrics.py`` checks the
     list against the installed sacrebleu). ``ja-mecab`` and ``ko-mecab`` need sacrebleu's MeCab extras."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .checkpoint import STEP_FILE, read_pointer, write_pointer
+from .choices import higher_is_better
 from .runfiles import RunDir
 
 
@@ -13,7 +14,7 @@ class CheckpointKeeper:
 
     def __init__(self, run: RunDir, keep_last: int, keep_best: int, metric: str) -> None:
         self.run, self.keep_last, self.keep_best, self.metric = run, keep_last, keep_best, metric
-        self.higher_is_better = metric != "loss"
+        self.higher_is_better = higher_is_better(metric)
 
     def admit(self, best: list[dict], step: int, score: float) -> list[dict] | None:
         """The new ranking if ``step`` enters the best ``keep_best`` (its checkpoint is then to be saved);

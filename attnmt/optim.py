@@ -13,6 +13,7 @@ import math
 import torch
 from torch import nn
 
+from .choices import improves
 from .config import TrainConfig
 
 
@@ -73,7 +74,7 @@ class Schedule:
         """A validation score: the plateau schedule counts validations without improvement."""
         if self.kind != "plateau":
             return
-        if self.best is None or (score > self.best if higher_is_better else score < self.best):
+        if improves(score, self.best, higher_is_better):
             self.best, self.bad_evals = score, 0
             return
         self.bad_evals += 1

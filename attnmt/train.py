@@ -37,6 +37,7 @@ from .checkpoint import (
     sha256_file,
     training_payload,
 )
+from .choices import improves
 from .config import Config
 from .distributed import choose_device, setup_distributed
 from .errors import AttnmtError, CheckpointError, DivergedError, is_out_of_memory
@@ -357,9 +358,8 @@ class Trainer:
                 self.validator.plot(self.model, p.step, self.run.root / "plots" / f"step_{p.step:08d}")
         score = self.dist.all_sum([score])[0]
         self._last_eval = p.step
-        higher = self.keeper.higher_is_better
-        self.schedule.observe(score, higher)
-        if p.best_score is None or (score > p.best_score if higher else score < p.best_score):
+        self.schedule.observe(score, self.keeper.higher_is_better)
+        if improves(score, p.best_score, self.keeper.higher_is_better):
             p.best_score, p.best_step, p.evals_without_improvement = score, p.step, 0
         else:
             p.evals_without_improvement += 1

@@ -55,3 +55,12 @@ def test_saved_best_names_the_file_in_the_ranking_and_in_best_json(tmp_path):
     assert ranking[0] == {"step": 20, "score": 45.0, "file": step_file(20), "sha256": "b"}
     best = read_pointer(run, "best")
     assert best["file"] == step_file(20) and best["metric"] == "chrf" and best["checkpoints"] == ranking
+
+
+def test_the_one_better_score_rule_is_strict_and_takes_anything_over_nothing():
+    from attnmt.choices import higher_is_better, improves
+
+    assert [higher_is_better(m) for m in ("bleu", "chrf", "loss")] == [True, True, False]
+    assert improves(30.0, 29.0, True) and not improves(29.0, 30.0, True) and not improves(30.0, 30.0, True)
+    assert improves(1.5, 2.0, False) and not improves(2.0, 1.5, False) and not improves(2.0, 2.0, False)
+    assert improves(-1e9, None, True) and improves(1e9, None, False)
