@@ -80,6 +80,7 @@ class Started:
     world_size: int
     device: str
     parameters: int
+    precision: str = "fp32"
 
 
 @dataclass

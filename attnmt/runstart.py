@@ -39,10 +39,47 @@ def preflight(cfg: Config) -> None:
                           f"{tokenizer} tokenizer, which needs MeCab (pip install '{extra}')")
 
 
+def native_bf16(flags: set[str] | None = None) -> bool:
+    """Whether this CPU multiplies bf16 natively (AVX-512 BF16 or AMX), read from the kernel's CPU ``flags``
+    (``/proc/cpuinfo``); elsewhere, or unreadable, False. Without it bf16 is emulated and slower than fp32."""
+    if flags is None:
+        flags = cpu_flags()
+    return bool(flags & {"avx512_bf16", "amx_bf16"})
+
+
+def cpu_flags() -> set[str]:
+    """The first processor's flags in ``/proc/cpuinfo`` (Linux); empty where there is none."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                if line.startswith("flags"):
+                    return set(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return set()
+
+
+def chosen_precision(precision: str, device: torch.device) -> str:
+    """``train.precision`` as it runs on ``device``: ``auto`` is the fastest path that trains as well, bf16
+    on CUDA and on a CPU with native bf16 (``native_bf16``: about 1.2x on the toy Transformer, 1.8x on the
+    Multi30k one, README), fp32 on any other CPU."""
+    if precision != "auto":
+        return precision
+    return "bf16" if device.type == "cuda" or native_bf16() else "fp32"
+
+
+def describe_precision(precision: str, device: torch.device) -> str:
+    """What training prints and logs: the precision that runs, the setting that chose it, and a warning for
+    bf16 asked for on a CPU that only emulates it."""
+    chosen = chosen_precision(precision, device)
+    slow = chosen == "bf16" and device.type == "cpu" and not native_bf16()
+    warning = "; no native bf16 on this CPU (AVX-512 BF16 or AMX): emulated, slower than fp32" if slow else ""
+    return f"{chosen} (train.precision {precision}{warning})"
+
+
 def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
     """``train.precision`` on ``device``: the autocast dtype, or None for fp32."""
-    if precision == "auto":
-        precision = "bf16" if device.type == "cuda" else "fp32"
+    precision = chosen_precision(precision, device)
     if precision == "fp16" and device.type != "cuda":
         raise ConfigError("train.precision: fp16 needs CUDA (its gradient scaler); on the CPU use bf16 or "
                           "fp32")

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from . import runstart
 from .averaging import average_newest, point_best
 from .batching import TokenBatchSampler, load_split
 from .checkpoint import (
@@ -58,7 +59,6 @@ from .runlog import (
     TrainRecord,
     open_tensorboard,
 )
-from .runstart import autocast_dtype, data_to_prepare, guided_links, initial_weights, preflight
 from .step import OptimizerStep, StepResult
 from .tokenizer import PAD_ID, load_tokenizer
 from .validation import Validator
@@ -100,11 +100,11 @@ class Trainer:
     """Holds what ``fit`` needs across steps; each method is one named piece of the loop."""
 
     def __init__(self, cfg: Config, run: RunDir, report: Reporter, faults: Faults = NO_FAULTS) -> None:
-        preflight(cfg)
+        runstart.preflight(cfg)
         self.cfg, self.tc, self.run, self.faults = cfg, cfg.train, run, faults
         self.device = choose_device(self.tc.device)
         # Refused here (fp16 on the CPU), before the run folder is touched.
-        self.autocast_dtype = autocast_dtype(self.tc.precision, self.device)
+        self.autocast_dtype = runstart.autocast_dtype(self.tc.precision, self.device)
         self.dist = setup_distributed(self.device)
         self.log = MetricsLog(run, self.dist.main, report, self.elapsed)
         self.keeper = CheckpointKeeper(run, self.tc.keep_last, self.tc.keep_best, self.tc.metric)
@@ -123,11 +123,11 @@ class Trainer:
         if resume and not any(run.checkpoints.glob("step_*.pt")):
             raise CheckpointError(f"{run.root}: --resume given, but the run folder has no checkpoint")
         fresh = not any(run.checkpoints.glob("step_*.pt"))
-        self.initial = (initial_weights(self.cfg, run, self.dist.main)
+        self.initial = (runstart.initial_weights(self.cfg, run, self.dist.main)
                         if fresh and self.tc.init_from is not None else None)
         if self.dist.main:
             remove_stale(run)  # what a killed process left half-written (RunLock did it for the CLI)
-            if data_to_prepare(self.cfg, run):
+            if runstart.data_to_prepare(self.cfg, run):
                 self.log.show(Message("preparing data (attnmt prepare) ..."))
                 prepare(self.cfg, run)
         self.dist.barrier()
@@ -138,7 +138,8 @@ class Trainer:
         self.train_data = load_split(run, "train", source_text=self.tc.alignment is not None)
         dev_data = load_split(run, "dev", source_text=True)
         if self.tc.alignment is not None:
-            self.train_data.align, said = guided_links(self.cfg, run, self.train_data, self.tokenizer)
+            self.train_data.align, said = runstart.guided_links(self.cfg, run, self.train_data,
+                                                                self.tokenizer)
             self.log.show(Message(said))
         self.sampler = TokenBatchSampler(
             self.train_data.lengths, self.tc.max_tokens, self.tc.seed,
@@ -181,10 +182,6 @@ class Trainer:
         self.model.gradient_checkpointing = self.tc.gradient_checkpointing
         self.optimizer = make_optimizer(self.model, self.tc)
         self.schedule = Schedule.from_config(self.tc, self.total_steps)
-        if (self.autocast_dtype == torch.bfloat16 and self.device.type == "cpu"
-                and not torch.ops.mkldnn._is_mkldnn_bf16_supported()):
-            self.log.show(Message("train.precision: bf16 on a CPU without native bf16 (AVX-512 BF16 or AMX): "
-                                  "it is emulated, and slower than fp32"))
         self.scaler = torch.amp.GradScaler("cuda") if self.autocast_dtype == torch.float16 else None
 
     def _restore(self, path, payload: dict) -> None:
@@ -239,8 +236,10 @@ class Trainer:
         p = self.progress
         self._last_saved = p.step if p.step else -1
         parameters = sum(x.numel() for x in self.model.parameters())
+        precision = runstart.describe_precision(self.tc.precision, self.device)
+        log.info("training on %s in %s", self.device, precision)  # train.log keeps the choice
         self.log.show(Started(p.step, self.total_steps, self.steps_per_epoch, self.dist.world_size,
-                              str(self.device), parameters))
+                              str(self.device), parameters, precision))
         self._window_start = self._session_start = time.perf_counter()
         self._seconds_before = p.train_seconds
         self.ddp_model.train()

@@ -96,6 +96,7 @@ TINY_MODELS = {
 TINY_TRAIN = {
     "device": "cpu", "deterministic": True, "lr": 1.0e-2, "warmup_steps": 5, "max_tokens": 200,
     "max_steps": 30, "log_every": 1, "eval_every": 10, "save_every": 7, "keep_last": 2, "keep_best": 1,
+    "precision": "fp32",  # the same on every CPU (auto is bf16 where the CPU has it natively)
 }  # fmt: skip
 # Fields of a "train" record that depend on the clock, not on the computation.
 TIMING_KEYS = {"tokens_per_s", "elapsed_s"}

@@ -21,7 +21,7 @@ CODES = ["zh", "zh-CN", "zh-TW", "zh-Hans", "zh-Hant", "zho", "chi", "cmn", "ZH-
 TINY = {"arch": "transformer", "d_model": 32, "n_heads": 2, "enc_layers": 1, "dec_layers": 1, "d_ff": 64,
         "dropout": 0.0}
 TRAIN = {"device": "cpu", "lr": 5e-3, "warmup_steps": 10, "max_tokens": 600, "max_steps": 150,
-         "log_every": 50, "eval_every": 150, "save_every": 150}
+         "log_every": 50, "eval_every": 150, "save_every": 150, "precision": "fp32"}
 
 
 def invoke(*args):

@@ -27,7 +27,7 @@ BASE = {
              "dev": {"format": "toy", "split": "dev", "size": 20}},
     "tokenizer": {"vocab_size": 100},
     "train": {"device": "cpu", "lr": 1.0e-2, "schedule": "constant", "warmup_steps": 0, "max_tokens": 1024,
-              "max_steps": 300, "eval_every": 300, "save_every": 300, "log_every": 100},
+              "max_steps": 300, "eval_every": 300, "save_every": 300, "log_every": 100, "precision": "fp32"},
     "decode": {"beam_size": 1},
 }  # fmt: skip
 MODELS = {

@@ -91,7 +91,7 @@ TINY = {
     "model": {"arch": "transformer", "d_model": 32, "n_heads": 2, "enc_layers": 1, "dec_layers": 2,
               "d_ff": 64, "dropout": 0.0},
     "train": {"device": "cpu", "lr": 5.0e-3, "schedule": "constant", "warmup_steps": 0, "max_tokens": 1024,
-              "max_steps": 300, "eval_every": 150, "save_every": 300, "log_every": 50},
+              "max_steps": 300, "eval_every": 150, "save_every": 300, "log_every": 50, "precision": "fp32"},
     "decode": {"beam_size": 1},
 }  # fmt: skip
 GUIDED = {"layer": 1, "heads": [1], "weight": 0.5}

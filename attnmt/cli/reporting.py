@@ -109,7 +109,8 @@ class TrainReporter:
 
     def _start(self, event: Started) -> None:
         self.console.print(
-            f"training on {event.device} x {event.world_size}: {event.parameters:,} parameters, "
+            f"training on {event.device} x {event.world_size} in {event.precision}: {event.parameters:,} "
+            "parameters, "
             f"{event.steps_per_epoch:,} steps per epoch, {event.total:,} steps planned"
         )
         if self.live:
