@@ -23,6 +23,7 @@ import itertools
 import os
 import shutil
 import signal
+import threading
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,16 +129,32 @@ class Waited(BaseException):
 
 @contextlib.contextmanager
 def time_limit(seconds: float):
+    """Raise ``Waited`` in the main thread once ``seconds`` have passed (and again every 0.2 s until the block
+    is left). The signal goes to the main thread itself (``pthread_kill``): a process-wide timer may land on
+    another thread, and then a blocking ``open`` of a pipe in the main thread would wait on for ever."""
+
     def expire(signum, frame):
         raise Waited()
 
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    signal.signal(signal.SIGALRM, expire)
+    done, main = threading.Event(), threading.main_thread().ident
+
+    def watch() -> None:
+        if done.wait(seconds):
+            return
+        while True:
+            signal.pthread_kill(main, signal.SIGALRM)
+            if done.wait(0.2):
+                return
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
     try:
         yield
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        done.set()
+        watcher.join()
+        signal.signal(signal.SIGALRM, lambda signum, frame: None)  # a signal still on its way does nothing
 
 
 def release_fifos(world: World) -> None:

@@ -99,7 +99,7 @@ def test_a_folder_a_killed_claim_left_with_only_its_lock_is_taken(tmp_path):
     assert result.exit_code == 0, result.output
 
 
-def test_a_corpus_inside_the_run_folders_own_data_is_expect_error(toy_run_copy, tmp_path):
+def test_a_corpus_inside_the_run_folders_own_data_is_refused(toy_run_copy, tmp_path):
     corpus = toy_run_copy / "data" / "mine"
     corpus.mkdir()
     (corpus / "a.en").write_text("x\n")
@@ -117,7 +117,7 @@ def test_a_corpus_inside_the_run_folders_own_data_is_expect_error(toy_run_copy, 
 
 
 @pytest.mark.parametrize("how", ["same", "hard link", "symbolic link"])
-def test_an_output_onto_an_ensemble_member_is_expect_error(trained, tmp_path, how):
+def test_an_output_onto_an_ensemble_member_is_refused(trained, tmp_path, how):
     member = tmp_path / "member.pt"
     shutil.copy(next(trained.glob("checkpoints/step_*.pt")), member)
     output = {"same": member, "hard link": tmp_path / "hard.pt", "symbolic link": tmp_path / "sym.pt"}[how]
@@ -139,7 +139,7 @@ def test_an_output_onto_an_ensemble_member_is_expect_error(trained, tmp_path, ho
 
 
 @pytest.mark.parametrize("own", ["metrics.jsonl", "config.yaml", "checkpoints/latest.json"])
-def test_plot_curves_onto_the_runs_own_files_is_expect_error(trained, own):
+def test_plot_curves_onto_the_runs_own_files_is_refused(trained, own):
     before = hash_tree(trained)
     expect_error(invoke("plot-curves", trained, "--out", trained / own), 2, "--out", "own")
     assert hash_tree(trained) == before
@@ -158,7 +158,7 @@ def test_outputs_into_a_run_folder_go_only_where_the_run_does_not_write(trained,
     (trained / "curves.png").unlink()
 
 
-def test_two_outputs_of_one_command_on_one_path_are_expect_error(trained, tmp_path):
+def test_two_outputs_of_one_command_on_one_path_are_refused(trained, tmp_path):
     source = tmp_path / "src.en"
     source.write_text(SOURCE + "\n")
     result = invoke("align", trained, "--src", source, "-o", tmp_path / "x", "--hyp-out", tmp_path / "x")
@@ -166,7 +166,7 @@ def test_two_outputs_of_one_command_on_one_path_are_expect_error(trained, tmp_pa
     assert not (tmp_path / "x").exists()
 
 
-def test_an_output_inside_an_input_folder_is_expect_error(trained, tmp_path):
+def test_an_output_inside_an_input_folder_is_refused(trained, tmp_path):
     export = tmp_path / "ct2"
     assert invoke("export", trained, export).exit_code == 0
     before = hash_tree(export)
@@ -194,7 +194,7 @@ def test_toy_data_onto_a_file_exits_2(tmp_path):
     assert (tmp_path / "notes").read_text() == "mine\n"
 
 
-def test_toy_data_again_is_a_no_op_and_other_sizes_are_expect_error(tmp_path):
+def test_toy_data_again_is_a_no_op_and_other_sizes_are_refused(tmp_path):
     sizes = ["--train-size", "5", "--dev-size", "2", "--test-size", "2"]
     assert invoke("toy-data", tmp_path / "toy", *sizes).exit_code == 0
     written = hash_tree(tmp_path)
