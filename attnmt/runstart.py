@@ -4,6 +4,7 @@ prepared, and the guided-alignment links of the training pairs. ``train.Trainer`
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -39,24 +40,23 @@ def preflight(cfg: Config) -> None:
                           f"{tokenizer} tokenizer, which needs MeCab (pip install '{extra}')")
 
 
-def native_bf16(flags: set[str] | None = None) -> bool:
-    """Whether this CPU multiplies bf16 natively (AVX-512 BF16 or AMX), read from the kernel's CPU ``flags``
+def native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 natively (AVX-512 BF16 or AMX), read from the kernel's CPU flags
     (``/proc/cpuinfo``); elsewhere, or unreadable, False. Without it bf16 is emulated and slower than fp32."""
-    if flags is None:
-        flags = cpu_flags()
-    return bool(flags & {"avx512_bf16", "amx_bf16"})
+    return bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
 
 
-def cpu_flags() -> set[str]:
-    """The first processor's flags in ``/proc/cpuinfo`` (Linux); empty where there is none."""
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The first processor's flags in ``/proc/cpuinfo`` (Linux), read once; empty where there is none."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
             for line in handle:
                 if line.startswith("flags"):
-                    return set(line.partition(":")[2].split())
+                    return frozenset(line.partition(":")[2].split())
     except OSError:
         pass
-    return set()
+    return frozenset()
 
 
 def chosen_precision(precision: str, device: torch.device) -> str:

@@ -7,8 +7,9 @@ or a folder, whether an existing one is replaced, which of a run folder's own pa
 the command runs, ``check_options`` refuses, each with one line naming the option:
 
 - a number that is not finite, or an integer past what the libraries take (64 bits);
-- an output that is an input (the same file by ``os.path.samefile``: through symbolic and hard links
-  alike), that lies inside an input folder, or that is another output of the same command;
+- an output that is an input (the same file by ``os.path.samestat``: through symbolic and hard links
+  alike; a device or a pipe is never the same as another path), that lies inside an input folder, or
+  that is another output of the same command;
 - an output inside an attnmt run folder that is one of the run's own paths (``runfiles.RUN_OWNED``: its
   config, tokenizer, data, checkpoints, metrics) and not the command's to write;
 - a file where a folder goes or a folder where a file goes, and an existing output that the command's
