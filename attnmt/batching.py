@@ -10,13 +10,13 @@ exactly once per epoch and every rank takes the same number of steps (``TokenBat
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
 
+from .encoded import EncodedSplit, open_split
 from .errors import DataError
 from .masks import padding_mask
 from .runfiles import RunDir
@@ -116,6 +116,22 @@ def token_batches(lengths: Sequence[int] | np.ndarray, order: Iterable[int] | np
     return batches
 
 
+def sorted_token_batches(lengths: np.ndarray, order: np.ndarray, max_tokens: int) -> list[np.ndarray]:
+    """``token_batches`` for examples in ascending order of length (``lengths[k]`` is ``order[k]``'s),
+    a batch at a time instead of an example at a time: a batch's longest example is then its last, and
+    its cost grows with each example added, so its end is the first position over the budget. The same
+    batches as ``token_batches(…, order, max_tokens)``, as views of ``order``."""
+    batches, start, n = [], 0, len(order)
+    while start < n:
+        most = max(1, max_tokens // max(int(lengths[start]), 1))  # no batch from here holds more
+        cost = lengths[start : start + most].astype(np.int64) * np.arange(1, min(most, n - start) + 1)
+        over = np.flatnonzero(cost[1:] > max_tokens)
+        size = int(over[0]) + 1 if len(over) else len(cost)
+        batches.append(order[start : start + size])
+        start += size
+    return batches
+
+
 class TokenBatchSampler:
     """Length-bucketed batches under a token budget, deterministic from (seed, epoch), dealt to ranks.
 
@@ -142,7 +158,12 @@ class TokenBatchSampler:
     ) -> None:
         if not 0 <= rank < num_replicas:
             raise ValueError(f"rank {rank} is not in [0, {num_replicas})")
-        self.lengths = np.asarray(lengths, dtype=np.int64)
+        self.lengths = np.asarray(lengths)
+        if self.lengths.dtype.kind not in "iu":
+            self.lengths = self.lengths.astype(np.int64)
+        # Half the memory for a corpus of fewer than 2^31 examples (10M pairs: 40 MB instead of 80 MB).
+        self.index_dtype = np.int32 if len(self.lengths) < 2**31 else np.int64
+        self._cached: tuple[int, list[np.ndarray]] | None = None
         self.max_tokens = max_tokens
         self.seed, self.shuffle = seed, shuffle
         self.num_replicas, self.rank = num_replicas, rank
@@ -154,13 +175,17 @@ class TokenBatchSampler:
                 f"{multiple_of} accumulation step(s) (max_tokens={max_tokens})"
             )
 
-    def global_batches(self, epoch: int) -> list[list[int]]:
-        """Every rank's batches of ``epoch``, in order; the same on every rank."""
+    def global_batches(self, epoch: int) -> list[np.ndarray]:
+        """Every rank's batches of ``epoch``, in order, as arrays of example indices; the same on every rank.
+        The last epoch's are kept: each epoch is computed once."""
+        if self._cached is not None and self._cached[0] == epoch:
+            return self._cached[1]
         n = len(self.lengths)
         rng = np.random.default_rng([self.seed, epoch])
         if not self.shuffle:
             order = np.argsort(self.lengths, kind="stable")
-            batches = token_batches(self.lengths, order, self.max_tokens)
+            cut = token_batches(self.lengths, order, self.max_tokens)
+            batches = [np.asarray(b, dtype=np.int64) for b in cut]
         else:
             order = rng.permutation(n)
             mean_len = max(1.0, float(self.lengths.mean()))
@@ -168,12 +193,15 @@ class TokenBatchSampler:
             batches = []
             for start in range(0, n, window):
                 chunk = order[start : start + window]
-                chunk = chunk[np.argsort(self.lengths[chunk], kind="stable")]
-                batches.extend(token_batches(self.lengths, chunk, self.max_tokens))
+                chunk = chunk[np.argsort(self.lengths[chunk], kind="stable")].astype(self.index_dtype)
+                batches.extend(sorted_token_batches(self.lengths[chunk], chunk, self.max_tokens))
+            del order
             batches = [batches[i] for i in rng.permutation(len(batches))]
-        return self._make_divisible(batches)
+        batches = self._make_divisible(batches)
+        self._cached = (epoch, batches)
+        return batches
 
-    def _make_divisible(self, batches: list[list[int]]) -> list[list[int]]:
+    def _make_divisible(self, batches: list[np.ndarray]) -> list[np.ndarray]:
         while len(batches) % self.batches_per_step:
             i = max(range(len(batches)), key=lambda b: (len(batches[b]), -b))
             if len(batches[i]) >= 2:  # split the batch with most examples in two
@@ -183,10 +211,10 @@ class TokenBatchSampler:
                 # Every batch holds one example (each over half the budget): merge the last two instead,
                 # one batch over budget rather than an example lost. There are >= batches_per_step
                 # batches, so this ends.
-                batches[-2:] = [batches[-2] + batches[-1]]
+                batches[-2:] = [np.concatenate(batches[-2:])]
         return batches
 
-    def batches(self, epoch: int) -> list[list[int]]:
+    def batches(self, epoch: int) -> list[np.ndarray]:
         """This rank's batches of ``epoch``."""
         return self.global_batches(epoch)[self.rank :: self.num_replicas]
 
@@ -194,7 +222,7 @@ class TokenBatchSampler:
         """Steps per epoch for this rank (the same on every rank; may vary slightly between epochs)."""
         return len(self.batches(0))
 
-    def iter_from(self, epoch: int, start: int = 0) -> Iterator[list[int]]:
+    def iter_from(self, epoch: int, start: int = 0) -> Iterator[np.ndarray]:
         """This rank's batches of ``epoch`` from batch index ``start`` on (resume)."""
         yield from self.batches(epoch)[start:]
 
@@ -202,34 +230,32 @@ class TokenBatchSampler:
 # ------------------------------------------------------------------------------ encoded splits
 
 
-@dataclass
-class EncodedSplit:
-    """An encoded split in memory, as training and validation read it from the run folder."""
-
-    src_ids: list[list[int]]
-    tgt_ids: list[list[int]]
-    tgt_text: list[str]
-    lines: list[int] | None = None
-    """The line of its corpus each pair was read from (1-based); None in a run prepared before it was kept."""
-    gold: list[str] | None = None
-    """The toy task's own word alignments (Pharaoh), one per pair."""
-    src_text: list[str] | None = None
-    """The cleaned source sentences."""
-    align: list[np.ndarray] | None = None
-    """Guided alignment training: per pair, the (target piece, source piece) links its cross-attention is
-    taught to follow (``guided.py``); ``batch`` turns them into ``Batch.align``."""
-
-    @functools.cached_property
-    def lengths(self) -> list[int]:
-        """The cost of each example in a token budget: its longer side, BOS or EOS included."""
-        return [max(len(s), len(t)) + 1 for s, t in zip(self.src_ids, self.tgt_ids)]
-
-    def batch(self, indices: list[int]) -> Batch:
-        batch = collate([self.src_ids[i] for i in indices], [self.tgt_ids[i] for i in indices], indices)
-        if self.align is not None:
-            batch.align = alignment_targets([self.align[i] for i in indices], batch.tgt_out.shape[1],
-                                            batch.src.shape[1])
-        return batch
+def gather(split: EncodedSplit, indices: Sequence[int] | np.ndarray) -> Batch:
+    """The ``Batch`` of ``split``'s examples ``indices``, read straight from its (memory-mapped) arrays:
+    the same tensors as ``collate`` of those examples' lists."""
+    rows = np.asarray(indices, dtype=np.int64)
+    src_width = int(split.src_ids.lengths(rows).max()) + 1 if len(rows) else 1
+    tgt_width = int(split.tgt_ids.lengths(rows).max()) + 1 if len(rows) else 1
+    src, src_len = split.src_ids.padded(rows, src_width, PAD_ID)
+    tgt, tgt_len = split.tgt_ids.padded(rows, tgt_width, PAD_ID)
+    everyone = np.arange(len(rows))
+    src[everyone, src_len] = EOS_ID
+    tgt_in = np.concatenate([np.full((len(rows), 1), BOS_ID), tgt[:, :-1]], axis=1)
+    tgt[everyone, tgt_len] = EOS_ID
+    src_lengths, tgt_lengths = torch.from_numpy(src_len + 1), torch.from_numpy(tgt_len + 1)
+    batch = Batch(
+        src=torch.from_numpy(src),
+        src_lengths=src_lengths,
+        src_mask=padding_mask(src_lengths, src_width),
+        tgt_in=torch.from_numpy(tgt_in),
+        tgt_out=torch.from_numpy(tgt),
+        tgt_lengths=tgt_lengths,
+        tgt_mask=padding_mask(tgt_lengths, tgt_width),
+        indices=torch.from_numpy(rows),
+    )
+    if split.align is not None:
+        batch.align = alignment_targets([split.align[i] for i in rows.tolist()], tgt_width, src_width)
+    return batch
 
 
 def alignment_targets(links: Sequence[np.ndarray], T: int, S: int) -> torch.Tensor:
@@ -243,20 +269,8 @@ def alignment_targets(links: Sequence[np.ndarray], T: int, S: int) -> torch.Tens
     return target / target.sum(-1, keepdim=True).clamp(min=1.0)
 
 
-def load_split(run: RunDir, name: str, source_text: bool = False) -> EncodedSplit | None:
-    """The encoded split ``name`` of a prepared run folder (with ``source_text``, its source sentences too);
-    None if the config has no such split."""
-    import datasets
-
+def load_split(run: RunDir, name: str) -> EncodedSplit | None:
+    """The encoded split ``name`` of a prepared run folder, its arrays memory-mapped; None if the config
+    has no such split."""
     path = run.split(name)
-    if not path.exists():
-        return None
-    try:
-        ds = datasets.load_from_disk(str(path))
-    except Exception as e:
-        raise DataError(f"{path}: cannot read the encoded {name} split ({type(e).__name__}); "
-                        "run attnmt prepare again") from None
-    return EncodedSplit(ds["src_ids"], ds["tgt_ids"], ds["tgt"],
-                        ds["line"] if "line" in ds.column_names else None,
-                        ds["alignment"] if "alignment" in ds.column_names else None,
-                        ds["src"] if source_text else None)
+    return open_split(path, name) if path.exists() else None

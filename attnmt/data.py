@@ -40,10 +40,19 @@ def clean(text: str) -> str:
     """NFC, ANSI colour codes removed, control characters (NUL, ESC, ...) turned into spaces, runs of
     whitespace collapsed to one space, stripped. Tabs count as whitespace. The result is NFC: normalised
     again at the end, since removing a code can bring together what composes (``e``, a code, U+0301)."""
+    if text.isprintable():  # no control character, and no whitespace but the ASCII space: 3x faster
+        return unicodedata.normalize("NFC", " ".join(text.split()))
     text = unicodedata.normalize("NFC", text)
     text = _ANSI.sub("", text)
     text = _CONTROL.sub(" ", text)
     return unicodedata.normalize("NFC", _SPACES.sub(" ", text).strip())
+
+
+def drop_reason(src: str, tgt: str) -> str | None:
+    """Why a cleaned pair is dropped (an empty side), or None when it is kept."""
+    if src and tgt:
+        return None
+    return "empty" if not src and not tgt else ("empty source" if not src else "empty target")
 
 
 @dataclass
@@ -63,8 +72,8 @@ class ParallelText:
     def add(self, src: str, tgt: str, line: int) -> None:
         self.read += 1
         src, tgt = clean(src), clean(tgt)
-        if not src or not tgt:
-            reason = "empty" if not src and not tgt else ("empty source" if not src else "empty target")
+        reason = drop_reason(src, tgt)
+        if reason is not None:
             self.dropped[reason] = self.dropped.get(reason, 0) + 1
             return
         self.src.append(src)
@@ -80,12 +89,31 @@ class ParallelText:
 
 def read_corpus(source: Source, name: str) -> ParallelText:
     """Read and clean one split (``name`` is ``train``, ``dev`` or ``test``, used in messages)."""
+    corpus = ParallelText(name)
+    if isinstance(source, ToySource):
+        corpus.alignments = []
+    for src, tgt, line, alignment in raw_pairs(source, name):
+        corpus.add(src, tgt, line)
+        if alignment is not None:
+            corpus.alignments.append(alignment)
+    return corpus
+
+
+RawPair = tuple[str, str, int, "str | None"]
+"""(source, target, line or row from 1, gold alignment) as read, before cleaning."""
+
+
+def raw_pairs(source: Source, name: str) -> Iterator[RawPair]:
+    """The pairs of one split as they are read, uncleaned, one at a time (``read_corpus`` cleans them; a
+    streamed prepare cleans them in chunks). A DataError at the end if there were none."""
     readers = {TextSource: _read_text, TsvSource: _read_tsv, JsonlSource: _read_jsonl, HfSource: _read_hf,
                ToySource: _read_toy}
-    corpus = readers[type(source)](source, name)
-    if corpus.read == 0:
+    read = 0
+    for pair in readers[type(source)](source, name):
+        read += 1
+        yield pair
+    if read == 0:
         raise DataError(f"{name}: the corpus is empty ({describe_source(source)})")
-    return corpus
 
 
 def describe_source(source: Source) -> str:
@@ -199,43 +227,38 @@ class _Replay(io.RawIOBase):
         return len(data)
 
 
-def _read_text(source: TextSource, name: str) -> ParallelText:
+def _read_text(source: TextSource, name: str) -> Iterator[RawPair]:
     n_src, n_tgt = count_lines(source.src), count_lines(source.tgt)
     if n_src is not None and n_tgt is not None and n_src != n_tgt:
         raise DataError(f"{name}: {source.src} has {n_src} lines, {source.tgt} has {n_tgt}")
-    corpus = ParallelText(name)
     # A pipe is read once: its lines are counted as they are read (the counts agree for regular files).
     counts = [0, 0]
     for line, (src, tgt) in enumerate(zip_longest(read_lines(source.src), read_lines(source.tgt)), start=1):
         counts[0] += src is not None
         counts[1] += tgt is not None
         if src is not None and tgt is not None:
-            corpus.add(src, tgt, line)
+            yield src, tgt, line, None
     if counts[0] != counts[1]:
         raise DataError(f"{name}: {source.src} has {counts[0]} lines, {source.tgt} has {counts[1]}")
-    return corpus
 
 
-def _read_tsv(source: TsvSource, name: str) -> ParallelText:
-    corpus = ParallelText(name)
+def _read_tsv(source: TsvSource, name: str) -> Iterator[RawPair]:
     need = max(source.src_column, source.tgt_column) + 1
     for line, text in enumerate(read_lines(source.path), start=1):
         if not text.strip():
-            corpus.add("", "", line)
+            yield "", "", line, None
             continue
         columns = text.split("\t")
         if len(columns) < need:
             raise DataError(f"{source.path}:{line}: expected at least {need} tab-separated columns, "
                             f"found {len(columns)}")
-        corpus.add(columns[source.src_column], columns[source.tgt_column], line)
-    return corpus
+        yield columns[source.src_column], columns[source.tgt_column], line, None
 
 
-def _read_jsonl(source: JsonlSource, name: str) -> ParallelText:
-    corpus = ParallelText(name)
+def _read_jsonl(source: JsonlSource, name: str) -> Iterator[RawPair]:
     for line, text in enumerate(read_lines(source.path), start=1):
         if not text.strip():
-            corpus.add("", "", line)
+            yield "", "", line, None
             continue
         try:
             record = json.loads(text)
@@ -245,8 +268,7 @@ def _read_jsonl(source: JsonlSource, name: str) -> ParallelText:
             problem = "nested too deeply" if isinstance(e, RecursionError) else str(e).split(":")[0]
             raise DataError(f"{source.path}:{line}: invalid JSON: {problem}") from None
         where = f"{source.path}:{line}"
-        corpus.add(_field(record, source.src_field, where), _field(record, source.tgt_field, where), line)
-    return corpus
+        yield _field(record, source.src_field, where), _field(record, source.tgt_field, where), line, None
 
 
 def _field(record: object, dotted: str, where: str) -> str:
@@ -274,8 +296,10 @@ def _field(record: object, dotted: str, where: str) -> str:
 _LINE_BREAKS = {ord(c): repr(c)[1:-1] for c in "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"}
 
 
-def _read_hf(source: HfSource, name: str) -> ParallelText:
+def _read_hf(source: HfSource, name: str) -> Iterator[RawPair]:
     import datasets  # heavy: imported only when a Hugging Face source is read
+
+    datasets.disable_progress_bars()
 
     files = source.data_files
     data_files = [str(p) for p in files] if isinstance(files, list) else (str(files) if files else None)
@@ -296,7 +320,6 @@ def _read_hf(source: HfSource, name: str) -> ParallelText:
     except Exception as e:  # datasets raises many private types (DatasetNotFoundError, ...)
         raise DataError(f"{name}: cannot load Hugging Face dataset {source.name!r}: {type(e).__name__}: "
                         f"{str(e).splitlines()[0] if str(e) else ''}") from None
-    corpus = ParallelText(name)
     top_src, top_tgt = source.src_field.split(".")[0], source.tgt_field.split(".")[0]
     for top in (top_src, top_tgt):
         if top not in dataset.column_names:
@@ -304,8 +327,7 @@ def _read_hf(source: HfSource, name: str) -> ParallelText:
                             f"(fields: {', '.join(dataset.column_names)})")
     for row, record in enumerate(dataset.select_columns(sorted({top_src, top_tgt})), start=1):
         where = f"{source.name} ({source.split}) row {row}"
-        corpus.add(_field(record, source.src_field, where), _field(record, source.tgt_field, where), row)
-    return corpus
+        yield _field(record, source.src_field, where), _field(record, source.tgt_field, where), row, None
 
 
 def _offline() -> bool:
@@ -315,11 +337,7 @@ def _offline() -> bool:
                for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
 
 
-def _read_toy(source: ToySource, name: str) -> ParallelText:
-    corpus = ParallelText(name)
-    corpus.alignments = []
+def _read_toy(source: ToySource, name: str) -> Iterator[RawPair]:
     pairs = toy_pairs(source.split, source.size, source.seed, source.lang)
     for line, (src, tgt, alignment) in enumerate(pairs, start=1):
-        corpus.add(src, unsegmented(tgt, source.lang), line)
-        corpus.alignments.append(alignment)
-    return corpus
+        yield src, unsegmented(tgt, source.lang), line, alignment

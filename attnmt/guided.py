@@ -51,7 +51,7 @@ def read_alignment_lines(guided: GuidedAlignmentConfig, split: EncodedSplit, cor
     if len(file_lines) != corpus_lines:
         raise DataError(f"{path}: {len(file_lines)} lines, but the training corpus ({corpus}) has "
                         f"{corpus_lines}: an alignment file has one line per line of the corpus")
-    return str(path), [file_lines[line - 1] for line in split.lines]
+    return str(path), [file_lines[line - 1] for line in split.lines.tolist()]
 
 
 @dataclass
@@ -74,7 +74,7 @@ def piece_alignments(guided: GuidedAlignmentConfig, split: EncodedSplit, tokeniz
     one outside its pair is a DataError naming the file and line; a pair whose pieces make other words
     than its spaces (with ``split.src_text`` known) gets no links and is counted."""
     where, texts = read_alignment_lines(guided, split, corpus_lines, corpus)
-    numbers = split.lines or list(range(1, len(texts) + 1))
+    numbers = split.lines.tolist() if split.lines is not None else list(range(1, len(texts) + 1))
     out = PieceAlignments([])
     for k, text in enumerate(texts):
         try:

@@ -1,8 +1,12 @@
 """``attnmt prepare``: read and clean the corpora, train or load the tokenizer, encode into the run folder.
 
-Text -> ``data.read_corpus`` -> ``tokenizer`` -> length filters -> Arrow datasets in ``run/data/<split>``
-(columns ``src``, ``tgt``, ``src_ids``, ``tgt_ids``; memory-mapped when training reads them back).
-Only the training split is filtered by length: dev and test are scored on every sentence.
+Each split streams through ``spool`` a chunk at a time, in ``workers`` processes: text ->
+``data.raw_pairs`` -> ``data.clean`` -> a spool file -> (the tokenizer, trained on a sample of the
+training spool) -> encoded, length-filtered and counted -> ``encoded.SplitWriter`` -> ``run/data/<split>``
+(flat token arrays, memory-mapped when training reads them back). Memory does not grow with the corpus.
+Only the training split is filtered by length: dev and test are scored on every sentence. ``config.yaml``
+is removed before the first split is replaced and written again last, so that a prepare killed on the
+way leaves a folder that ``runstart.data_to_prepare`` prepares again.
 """
 
 from __future__ import annotations
@@ -14,12 +18,12 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import yaml
 
 from .config import Config
-from .data import ParallelText, read_corpus
+from .encoded import SplitWriter, ids_dtype
 from .errors import CheckpointError, ConfigError, DataError
+from .pool import default_workers
 from .runfiles import (
     RunDir,
     atomic_write_bytes,
@@ -28,7 +32,8 @@ from .runfiles import (
     replace_dir,
     write_marker,
 )
-from .tokenizer import META_FILE, UNK_ID, Tokenizer, load_external, load_tokenizer, train_tokenizer
+from .spool import Filters, Spooled, encode_spooled, spool_split, tokenizer_sample
+from .tokenizer import META_FILE, Tokenizer, load_external, load_tokenizer, train_on_samples
 
 log = logging.getLogger(__name__)
 
@@ -54,65 +59,16 @@ class SplitStats:
 class PrepareReport:
     run_dir: Path
     splits: list[SplitStats]
-    tokenizer_trained: bool
+    tokenizer: str
+    """How the tokenizer was obtained: loaded, or trained on how many sentences."""
     src_vocab_size: int
     tgt_vocab_size: int
     joint: bool
 
 
-PERCENTILES = (50, 90, 99, 100)
-
-
-def _length_stats(ids: list[list[int]]) -> tuple[int, dict[str, int], float]:
-    lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
-    total = int(lengths.sum())
-    unk = sum(x.count(UNK_ID) for x in ids)
-    pct = {f"p{p}" if p < 100 else "max": int(np.percentile(lengths, p)) if len(lengths) else 0
-           for p in PERCENTILES}
-    return total, pct, (unk / total if total else 0.0)
-
-
-def encode_split(corpus: ParallelText, tokenizer: Tokenizer, max_len: int | None,
-                 max_ratio: float | None) -> tuple[dict, SplitStats]:
-    """Encode a corpus; with ``max_len``/``max_ratio`` drop pairs that are too long or too unequal."""
-    src_ids = tokenizer.encode_src(corpus.src)
-    tgt_ids = tokenizer.encode_tgt(corpus.tgt)
-    dropped = dict(corpus.dropped)
-    keep = list(range(len(src_ids)))
-    if max_len is not None:
-        too_long = [i for i in keep if len(src_ids[i]) > max_len or len(tgt_ids[i]) > max_len]
-        if too_long:
-            dropped[f"longer than {max_len} pieces"] = len(too_long)
-            keep = [i for i in keep if len(src_ids[i]) <= max_len and len(tgt_ids[i]) <= max_len]
-    if max_ratio is not None:
-        ratio = max_ratio
-
-        def unequal(i: int) -> bool:
-            a, b = len(src_ids[i]), len(tgt_ids[i])
-            return max(a, b) > ratio * min(a, b)
-
-        bad = [i for i in keep if unequal(i)]
-        if bad:
-            dropped[f"length ratio over {max_ratio:g}"] = len(bad)
-            keep = [i for i in keep if not unequal(i)]
-    columns = {
-        "src": [corpus.src[i] for i in keep],
-        "tgt": [corpus.tgt[i] for i in keep],
-        "src_ids": [src_ids[i] for i in keep],
-        "tgt_ids": [tgt_ids[i] for i in keep],
-        "line": [corpus.lines[i] for i in keep],
-    }
-    if corpus.alignments is not None:
-        columns["alignment"] = [corpus.alignments[corpus.lines[i] - 1] for i in keep]
-    src_tokens, src_pct, src_unk = _length_stats(columns["src_ids"])
-    tgt_tokens, tgt_pct, tgt_unk = _length_stats(columns["tgt_ids"])
-    stats = SplitStats(corpus.name, corpus.read, len(keep), dropped, src_tokens, tgt_tokens, src_pct, tgt_pct,
-                       src_unk, tgt_unk)
-    return columns, stats
-
-
-def obtain_tokenizer(cfg: Config, run: RunDir, train: ParallelText) -> tuple[Tokenizer, bool]:
-    """The run's tokenizer: a user-given model, the one already in the run folder, or a new one."""
+def obtain_tokenizer(cfg: Config, run: RunDir, train: Spooled) -> tuple[Tokenizer, str]:
+    """The run's tokenizer: a user-given model, the one already in the run folder, or a new one trained on
+    a sample of the training spool; and how it was obtained, in words."""
     settings = cfg.tokenizer.model_dump(mode="json")
     if cfg.tokenizer.src_model is not None:
         if not cfg.tokenizer.joint and cfg.tokenizer.tgt_model is None:
@@ -120,7 +76,7 @@ def obtain_tokenizer(cfg: Config, run: RunDir, train: ParallelText) -> tuple[Tok
                               "and src_model is given")
         tokenizer = load_external(cfg.tokenizer.src_model,
                                   None if cfg.tokenizer.joint else cfg.tokenizer.tgt_model)
-        return tokenizer, False
+        return tokenizer, "loaded"
     meta_path = run.tokenizer / META_FILE
     if meta_path.exists():
         try:
@@ -136,10 +92,14 @@ def obtain_tokenizer(cfg: Config, run: RunDir, train: ParallelText) -> tuple[Tok
                 f"{run.tokenizer}: this run's tokenizer was trained with other settings "
                 f"({'; '.join(changed)}); use another --run-dir or remove that folder"
             )
-        return load_tokenizer(run.tokenizer), False
-    tokenizer = train_tokenizer(train.src, train.tgt, cfg.tokenizer, seed=cfg.train.seed)
+        return load_tokenizer(run.tokenizer), "loaded"
+    samples = tokenizer_sample(train, cfg.tokenizer, cfg.train.seed)
+    tokenizer = train_on_samples(samples, cfg.tokenizer, seed=cfg.train.seed)
     write_tokenizer(tokenizer, settings, run)
-    return tokenizer, True
+    population = train.kept * (2 if cfg.tokenizer.joint else 1)
+    each = "" if cfg.tokenizer.joint else " per side"
+    return tokenizer, (f"trained on {len(samples[0]):,} of {population:,} sentences{each} "
+                       f"(tokenizer.sample_size {cfg.tokenizer.sample_size:,})")
 
 
 def write_tokenizer(tokenizer: Tokenizer, settings: dict, run: RunDir) -> None:
@@ -154,60 +114,70 @@ def write_tokenizer(tokenizer: Tokenizer, settings: dict, run: RunDir) -> None:
     replace_dir(tmp, run.tokenizer)
 
 
-def save_split(columns: dict, path: Path) -> None:
-    """Write one encoded split as an Arrow dataset, complete or not at all."""
-    import datasets
-
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    datasets.Dataset.from_dict(columns).save_to_disk(str(tmp))
-    replace_dir(tmp, path)
-
-
 def write_resolved_config(cfg: Config, run: RunDir) -> None:
     text = "# resolved by attnmt: every default filled in, every path absolute\n"
     text += yaml.safe_dump(cfg.to_dict(), sort_keys=False, allow_unicode=True)
     atomic_write_text(run.config, text)
 
 
-def prepare(cfg: Config, run: RunDir) -> PrepareReport:
+def prepare(cfg: Config, run: RunDir, workers: int | None = None) -> PrepareReport:
     """Read, clean, tokenize and encode every split of ``cfg.data`` into ``run`` (the caller holds its
-    lock). A folder that is not a run folder and not empty is refused before anything is read, and so is a
-    corpus file inside the folders of the run that prepare replaces."""
+    lock), in ``workers`` processes (default: one per core). A folder that is not a run folder and not empty
+    is refused before anything is read, and so is a corpus file inside the folders of the run that prepare
+    replaces. Nothing of the run is replaced before every split has been read and encoded."""
     check_run_folder(run)
     check_sources_outside(cfg, run)
+    workers = workers or default_workers()
     sources = {"train": cfg.data.train, "dev": cfg.data.dev, "test": cfg.data.test}
-    corpora = {name: read_corpus(source, name) for name, source in sources.items() if source is not None}
-    train = corpora["train"]
-    if len(train) == 0:
-        raise DataError(f"train: no training pairs left after cleaning ({_reasons(train.dropped)})")
-    # Before the tokenizer is trained on what is left: a run folder keeps its tokenizer for later runs.
-    _check_dropped(train.read, len(train), train.dropped, cfg.data.max_dropped_fraction)
-    run.root.mkdir(parents=True, exist_ok=True)
-    write_marker(run)  # before anything else is written into the folder
-    tokenizer, trained = obtain_tokenizer(cfg, run, train)
-
-    stats = []
-    for name, corpus in corpora.items():
-        is_train = name == "train"
-        columns, split_stats = encode_split(
-            corpus, tokenizer, cfg.data.max_len if is_train else None,
-            cfg.data.max_ratio if is_train else None
-        )
-        if is_train:
-            if split_stats.kept == 0:
-                raise DataError(f"train: no training pairs left ({_reasons(split_stats.dropped)})")
-            _check_dropped(split_stats.read, split_stats.kept, split_stats.dropped,
-                           cfg.data.max_dropped_fraction)
-        elif split_stats.kept == 0:
-            raise DataError(f"{name}: no pairs left after cleaning ({_reasons(split_stats.dropped)})")
-        save_split(columns, run.split(name))
-        stats.append(split_stats)
-
+    work = run.data / f".prepare.tmp-{os.getpid()}"
+    made_data = not run.data.exists()
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    writers: dict[str, SplitWriter] = {}
+    try:
+        spooled = {name: spool_split(source, name, work / f"{name}.tsv", workers)
+                   for name, source in sources.items() if source is not None}
+        train = spooled["train"]
+        if train.kept == 0:
+            raise DataError(f"train: no training pairs left after cleaning ({_reasons(train.dropped)})")
+        # Before the tokenizer is trained on what is left: a run folder keeps its tokenizer for later runs.
+        _check_dropped(train.read, train.kept, train.dropped, cfg.data.max_dropped_fraction)
+        write_marker(run)  # before anything else is written into the folder
+        tokenizer, how = obtain_tokenizer(cfg, run, train)
+        stats = [_encode(cfg, run, spool, tokenizer, writers, workers) for spool in spooled.values()]
+        run.config.unlink(missing_ok=True)  # until it is written again, the folder reads as half-prepared
+        for writer in writers.values():
+            writer.commit()
+    finally:
+        for writer in writers.values():
+            writer.abandon()
+        shutil.rmtree(work, ignore_errors=True)
+        if made_data and run.data.exists() and not any(run.data.iterdir()):
+            run.data.rmdir()
     atomic_write_text(run.stats, json.dumps([s.__dict__ for s in stats], indent=2, ensure_ascii=False))
     write_resolved_config(cfg, run)
-    return PrepareReport(run.root, stats, trained, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size,
+    return PrepareReport(run.root, stats, how, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size,
                          tokenizer.joint)
+
+
+def _encode(cfg: Config, run: RunDir, spooled: Spooled, tokenizer: Tokenizer, writers: dict[str, SplitWriter],
+            workers: int) -> SplitStats:
+    """Encode one spooled split into a new ``SplitWriter`` (added to ``writers``, not committed); its
+    statistics, checked."""
+    name, is_train = spooled.name, spooled.name == "train"
+    dtype = ids_dtype(max(tokenizer.src_vocab_size, tokenizer.tgt_vocab_size))
+    writers[name] = writer = SplitWriter(run.split(name), dtype, spooled.alignments)
+    filters = Filters(cfg.data.max_len, cfg.data.max_ratio) if is_train else Filters()
+    counts = encode_spooled(spooled, tokenizer, filters, writer, workers)
+    if is_train:
+        if counts.kept == 0:
+            raise DataError(f"train: no training pairs left ({_reasons(counts.dropped)})")
+        _check_dropped(spooled.read, counts.kept, counts.dropped, cfg.data.max_dropped_fraction)
+    elif counts.kept == 0:
+        raise DataError(f"{name}: no pairs left after cleaning ({_reasons(counts.dropped)})")
+    return SplitStats(name, spooled.read, counts.kept, counts.dropped, counts.tokens["src"],
+                      counts.tokens["tgt"], counts.percentiles("src"), counts.percentiles("tgt"),
+                      counts.unk_rate("src"), counts.unk_rate("tgt"))
 
 
 def check_sources_outside(cfg: Config, run: RunDir) -> None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .batching import EncodedSplit
+from .batching import EncodedSplit, gather
 from .config import TrainConfig
 from .distributed import Dist
 from .faults import Faults
@@ -104,7 +104,7 @@ class OptimizerStep:
         guided = self.cfg.alignment
         if guided is not None:
             align_layer, align_heads = guided.layer - 1, [h - 1 for h in guided.heads]
-        batches = [self.data.batch(indices) for indices in micro_batches]
+        batches = [gather(self.data, indices) for indices in micro_batches]
         local_tgt, local_src = sum(b.n_tgt_tokens for b in batches), sum(b.n_src_tokens for b in batches)
         global_tgt, global_src = self.dist.all_sum([float(local_tgt), float(local_src)])
         loss_sum = nll_sum = align_sum = 0.0

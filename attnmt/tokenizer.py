@@ -158,10 +158,14 @@ class Tokenizer:
 
 def train_tokenizer(src: Sequence[str], tgt: Sequence[str], cfg: TokenizerConfig, seed: int = 1) -> Tokenizer:
     """Train a joint model on both sides, or one model per side."""
-    if cfg.joint:
-        model = train_model(list(src) + list(tgt), cfg, seed)
-        return Tokenizer(model, model, joint=True)
-    return Tokenizer(train_model(src, cfg, seed), train_model(tgt, cfg, seed), joint=False)
+    return train_on_samples([list(src) + list(tgt)] if cfg.joint else [src, tgt], cfg, seed)
+
+
+def train_on_samples(samples: Sequence[Sequence[str]], cfg: TokenizerConfig, seed: int = 1) -> Tokenizer:
+    """A tokenizer from one list of sentences (joint) or two (source, target), each sampled down to
+    ``cfg.sample_size`` as ``train_model`` does."""
+    models = [train_model(sentences, cfg, seed) for sentences in samples]
+    return Tokenizer(models[0], models[-1], joint=cfg.joint)
 
 
 def load_model_file(path: Path, expected_sha256: str | None = None) -> bytes:

@@ -135,8 +135,8 @@ class Trainer:
         # parses it.
         found = latest_checkpoint(run)
         self.tokenizer = load_tokenizer(run.tokenizer, recorded_tokenizer(found[1] if found else None))
-        self.train_data = load_split(run, "train", source_text=self.tc.alignment is not None)
-        dev_data = load_split(run, "dev", source_text=True)
+        self.train_data = load_split(run, "train")
+        dev_data = load_split(run, "dev")
         if self.tc.alignment is not None:
             self.train_data.align, said = runstart.guided_links(self.cfg, run, self.train_data,
                                                                 self.tokenizer)

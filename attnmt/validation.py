@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from .batching import EncodedSplit, TokenBatchSampler
+from .batching import EncodedSplit, TokenBatchSampler, gather
 from .config import Config
 from .languages import is_cjk_language
 from .loss import label_smoothed_nll
@@ -50,7 +50,7 @@ class Validator:
             loss_sum = nll_sum = tokens = 0.0
             for indices in TokenBatchSampler(self.dev.lengths, self.cfg.decode.max_tokens,
                                              shuffle=False).batches(0):
-                batch = self.dev.batch(indices).to(self.device)
+                batch = gather(self.dev, indices).to(self.device)
                 with torch.autocast(self.device.type, dtype=self.autocast_dtype,
                                     enabled=self.autocast_dtype is not None):
                     out = model(batch)

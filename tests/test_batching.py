@@ -78,6 +78,10 @@ def random_lengths(seed: int) -> tuple[np.ndarray, int]:
 SEEDS = [0, 1, 2, 3, 4, 5]
 
 
+def as_lists(batches) -> list[list[int]]:
+    return [b.tolist() for b in batches]
+
+
 def cost(lengths, batch) -> int:
     return len(batch) * int(max(lengths[i] for i in batch))
 
@@ -88,7 +92,7 @@ def test_budget_respected_and_every_example_once(seed, shuffle):
     lengths, max_tokens = random_lengths(seed)
     sampler = TokenBatchSampler(lengths, max_tokens, seed=seed, shuffle=shuffle, bucket_batches=4)
     for epoch in (0, 1):
-        batches = sampler.batches(epoch)
+        batches = as_lists(sampler.batches(epoch))
         assert all(batches)
         assert all(cost(lengths, b) <= max_tokens or len(b) == 1 for b in batches)
         flat = [i for b in batches for i in b]
@@ -104,22 +108,22 @@ def test_oversized_example_gets_a_batch_of_its_own():
 
 def test_batches_are_filled_up_to_the_budget():
     lengths = np.full(100, 10)
-    batches = TokenBatchSampler(lengths, max_tokens=64, shuffle=False).batches(0)
+    batches = as_lists(TokenBatchSampler(lengths, max_tokens=64, shuffle=False).batches(0))
     assert [len(b) for b in batches] == [6] * 16 + [4]
 
 
 @pytest.mark.parametrize("seed", SEEDS[:3])
 def test_same_seed_and_epoch_same_batches(seed):
     lengths, max_tokens = random_lengths(seed)
-    first = TokenBatchSampler(lengths, max_tokens, seed=seed).batches(3)
-    assert TokenBatchSampler(lengths, max_tokens, seed=seed).batches(3) == first
-    assert TokenBatchSampler(lengths, max_tokens, seed=seed).batches(4) != first
-    assert TokenBatchSampler(lengths, max_tokens, seed=seed + 100).batches(3) != first
+    first = as_lists(TokenBatchSampler(lengths, max_tokens, seed=seed).batches(3))
+    assert as_lists(TokenBatchSampler(lengths, max_tokens, seed=seed).batches(3)) == first
+    assert as_lists(TokenBatchSampler(lengths, max_tokens, seed=seed).batches(4)) != first
+    assert as_lists(TokenBatchSampler(lengths, max_tokens, seed=seed + 100).batches(3)) != first
 
 
 def test_shuffled_batches_hold_similar_lengths():
     lengths = np.random.default_rng(0).integers(2, 100, size=2000)
-    batches = TokenBatchSampler(lengths, max_tokens=1000, seed=1, bucket_batches=50).batches(0)
+    batches = as_lists(TokenBatchSampler(lengths, max_tokens=1000, seed=1, bucket_batches=50).batches(0))
     padding = sum(cost(lengths, b) - int(lengths[b].sum()) for b in batches)
     assert padding < 0.1 * lengths.sum()  # bucketing by length keeps padding small
 
@@ -127,8 +131,8 @@ def test_shuffled_batches_hold_similar_lengths():
 def test_unshuffled_batches_do_not_depend_on_the_epoch():
     lengths, max_tokens = random_lengths(0)
     sampler = TokenBatchSampler(lengths, max_tokens, shuffle=False)
-    assert sampler.batches(0) == sampler.batches(5)
-    flat = [i for b in sampler.batches(0) for i in b]
+    assert as_lists(sampler.batches(0)) == as_lists(sampler.batches(5))
+    flat = [i for b in as_lists(sampler.batches(0)) for i in b]
     assert [lengths[i] for i in flat] == sorted(lengths)
 
 
@@ -139,13 +143,13 @@ def test_ranks_share_an_epoch_without_overlap(seed, replicas):
     samplers = [TokenBatchSampler(lengths, max_tokens, seed=seed, num_replicas=replicas, rank=r)
                 for r in range(replicas)]
     for epoch in (0, 1):
-        global_batches = samplers[0].global_batches(epoch)
+        global_batches = as_lists(samplers[0].global_batches(epoch))
         assert len(global_batches) % replicas == 0
-        per_rank = [s.batches(epoch) for s in samplers]
+        per_rank = [as_lists(s.batches(epoch)) for s in samplers]
         assert len({len(b) for b in per_rank}) == 1  # the same number of steps on every rank
         for r, batches in enumerate(per_rank):
             assert batches == global_batches[r::replicas]
-            assert samplers[r].global_batches(epoch) == global_batches  # every rank computes the same list
+            assert as_lists(samplers[r].global_batches(epoch)) == global_batches  # every rank computes the same list
         examples = [[i for b in batches for i in b] for batches in per_rank]
         union = [i for ex in examples for i in ex]
         assert sorted(union) == list(range(len(lengths)))  # disjoint, and nothing lost
@@ -161,15 +165,15 @@ def test_multiple_of_is_respected(replicas, multiple_of):
         for r in range(replicas):
             sampler = TokenBatchSampler(lengths, max_tokens, seed=seed, num_replicas=replicas, rank=r,
                                         multiple_of=multiple_of)
-            assert len(sampler.global_batches(0)) % (replicas * multiple_of) == 0
-            assert len(sampler.batches(0)) % multiple_of == 0
-            assert sorted(i for b in sampler.global_batches(0) for i in b) == list(range(len(lengths)))
+            assert len(as_lists(sampler.global_batches(0))) % (replicas * multiple_of) == 0
+            assert len(as_lists(sampler.batches(0))) % multiple_of == 0
+            assert sorted(i for b in as_lists(sampler.global_batches(0)) for i in b) == list(range(len(lengths)))
 
 
 def test_one_rank_with_accumulation_sees_what_two_ranks_see():
     lengths, max_tokens = random_lengths(7)
-    single = TokenBatchSampler(lengths, max_tokens, seed=7, multiple_of=2).batches(0)
-    ranks = [TokenBatchSampler(lengths, max_tokens, seed=7, num_replicas=2, rank=r).batches(0)
+    single = as_lists(TokenBatchSampler(lengths, max_tokens, seed=7, multiple_of=2).batches(0))
+    ranks = [as_lists(TokenBatchSampler(lengths, max_tokens, seed=7, num_replicas=2, rank=r).batches(0))
              for r in (0, 1)]
     assert single[0::2] == ranks[0] and single[1::2] == ranks[1]
 
@@ -179,11 +183,11 @@ def test_resume_from_any_batch(replicas, rank):
     lengths, max_tokens = random_lengths(11)
     sampler = TokenBatchSampler(lengths, max_tokens, seed=11, num_replicas=replicas, rank=rank)
     for epoch in (0, 2):
-        batches = sampler.batches(epoch)
+        batches = as_lists(sampler.batches(epoch))
         for k in range(len(batches) + 1):
             resumed = TokenBatchSampler(lengths, max_tokens, seed=11, num_replicas=replicas, rank=rank)
-            assert list(resumed.iter_from(epoch, k)) == batches[k:]
-    assert list(sampler.iter_from(0)) == sampler.batches(0)
+            assert as_lists(resumed.iter_from(epoch, k)) == batches[k:]
+    assert as_lists(sampler.iter_from(0)) == as_lists(sampler.batches(0))
 
 
 @pytest.mark.parametrize("n, replicas, multiple_of", [(0, 1, 1), (2, 3, 1), (3, 2, 2), (5, 1, 8)])
@@ -195,7 +199,7 @@ def test_too_few_examples_for_the_ranks(n, replicas, multiple_of):
 
 def test_just_enough_examples_for_the_ranks():
     samplers = [TokenBatchSampler([5, 6, 7], 100, num_replicas=3, rank=r) for r in range(3)]
-    assert sorted(i for s in samplers for b in s.batches(0) for i in b) == [0, 1, 2]
+    assert sorted(i for s in samplers for b in as_lists(s.batches(0)) for i in b) == [0, 1, 2]
     assert [len(s) for s in samplers] == [1, 1, 1]
 
 
@@ -208,6 +212,6 @@ def test_no_empty_batch_when_no_batch_can_be_split():
     # Two examples never fit together (2 * 6 > 10), so there are 3 one-example batches for 2 ranks:
     # two of them are merged (over budget) rather than one split into an empty batch.
     sampler = TokenBatchSampler([6, 6, 6], max_tokens=10, num_replicas=2)
-    batches = sampler.global_batches(0)
+    batches = as_lists(sampler.global_batches(0))
     assert all(batches) and len(batches) % 2 == 0
     assert sorted(i for b in batches for i in b) == [0, 1, 2]

@@ -42,7 +42,7 @@ def test_word_links_become_every_pair_of_their_pieces():
     pieces = ["▁the", "▁bi", "cycle", "▁das", "▁fahr", "rad", "▁!"]
     tok = _Pieces(pieces)
     # Source "the bicycle" (pieces 0 | 1 2), target "das fahrrad !" (pieces 3 | 4 5 | 6).
-    split = EncodedSplit([[0, 1, 2]], [[3, 4, 5, 6]], ["das fahrrad !"], lines=[1], gold=None)
+    split = EncodedSplit.from_lists([[0, 1, 2]], [[3, 4, 5, 6]], ["das fahrrad !"], lines=[1], gold=None)
     guided = GuidedAlignmentConfig(path=None)
     split.gold = ["0-0 1-1 1?2"]  # the toy's own alignments, when path is None (possible links not taught)
     (links,) = piece_alignments(guided, split, tok, 1, "toy").links
@@ -53,7 +53,8 @@ def test_word_links_become_every_pair_of_their_pieces():
 def test_chinese_characters_are_words_and_a_two_character_piece_belongs_to_both():
     tok = _Pieces(["▁猫", "喜欢", "鱼", "▁cats", "▁like", "▁fish"])
     # Source 猫喜欢鱼: characters 猫 | 喜 | 欢 | 鱼 are words 0..3; "喜欢" is one piece of words 1 and 2.
-    split = EncodedSplit([[0, 1, 2]], [[3, 4, 5]], ["cats like fish"], lines=[1], gold=["0-0 1-1 2-1 3-2"])
+    split = EncodedSplit.from_lists([[0, 1, 2]], [[3, 4, 5]], ["cats like fish"], lines=[1],
+                                    gold=["0-0 1-1 2-1 3-2"])
     (links,) = piece_alignments(GuidedAlignmentConfig(), split, tok, 1, "toy").links
     assert links.tolist() == [[0, 0], [1, 1], [2, 2]]
     split.gold = ["4-0"]
@@ -66,7 +67,7 @@ def test_an_alignment_file_follows_the_corpus_as_read(tmp_path):
     tok = _Pieces(["▁a", "▁b", "▁x", "▁y"])
     path = tmp_path / "train.align"
     path.write_text("0-0\n9-9\n0-0 1-1\n", encoding="utf-8")  # line 2's pair was dropped (empty)
-    split = EncodedSplit([[0], [0, 1]], [[2], [2, 3]], ["x", "x y"], lines=[1, 3])
+    split = EncodedSplit.from_lists([[0], [0, 1]], [[2], [2, 3]], ["x", "x y"], lines=[1, 3])
     guided = GuidedAlignmentConfig(path=path)
     first, second = piece_alignments(guided, split, tok, 3, "train.en/train.de").links
     assert first.tolist() == [[0, 0]] and second.tolist() == [[0, 0], [1, 1]]

@@ -16,7 +16,7 @@ import pytest
 import torch
 from helpers import REPO, assert_one_error_line, read_records, train_args, train_cli, train_env
 
-from attnmt.batching import EncodedSplit
+from attnmt.batching import EncodedSplit, gather
 from attnmt.config import TrainConfig, TransformerConfig
 from attnmt.distributed import Dist
 from attnmt.faults import NO_FAULTS
@@ -37,7 +37,8 @@ def sgd_step(clip_norm: float) -> tuple[OptimizerStep, list[torch.Tensor]]:
     before = [p.detach().clone() for p in model.parameters()]
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     step = OptimizerStep(model, model, model, optimizer, Schedule.from_config(cfg, 10), None, None, Dist(),
-                         torch.device("cpu"), cfg, EncodedSplit(src, tgt, ["" for _ in src]), NO_FAULTS)
+                         torch.device("cpu"), cfg, EncodedSplit.from_lists(src, tgt, ["" for _ in src]),
+                         NO_FAULTS)
     return step, before
 
 
@@ -219,7 +220,7 @@ def tiny_step(precision_dtype, seed: int = 0) -> tuple[OptimizerStep, float]:
                                           dec_layers=2, d_ff=64, dropout=0.1), 30, 30)
     step = OptimizerStep(model, model, model, make_optimizer(model, cfg), Schedule.from_config(cfg, 10), None,
                          precision_dtype, Dist(), torch.device("cpu"), cfg,
-                         EncodedSplit(src, tgt, ["" for _ in src]), NO_FAULTS)
+                         EncodedSplit.from_lists(src, tgt, ["" for _ in src]), NO_FAULTS)
     losses = [step([[0, 1, 2, 3]], s, lambda: False, lambda: False) for s in (1, 2, 3)]
     return step, [r.loss / r.tgt_tokens for r in losses]
 
@@ -260,7 +261,7 @@ def test_gradient_checkpointing_gives_the_plain_gradients(monkeypatch):
     generator = torch.Generator().manual_seed(0)
     src = [torch.randint(4, 30, (n,), generator=generator).tolist() for n in (3, 7, 5, 4)]
     tgt = [torch.randint(4, 30, (n,), generator=generator).tolist() for n in (6, 2, 5, 8)]
-    batch = EncodedSplit(src, tgt, ["" for _ in src]).batch([0, 1, 2, 3])
+    batch = gather(EncodedSplit.from_lists(src, tgt, ["" for _ in src]), [0, 1, 2, 3])
     real, seen = torch.utils.checkpoint.checkpoint, []
 
     def counting(*args, **kwargs):

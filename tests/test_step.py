@@ -23,7 +23,7 @@ def data() -> EncodedSplit:
     generator = torch.Generator().manual_seed(0)
     src = [torch.randint(4, 30, (n,), generator=generator).tolist() for n in (3, 7, 5, 4)]
     tgt = [torch.randint(4, 30, (n,), generator=generator).tolist() for n in (6, 2, 5, 8)]
-    return EncodedSplit(src, tgt, ["" for _ in src])
+    return EncodedSplit.from_lists(src, tgt, ["" for _ in src])
 
 
 def stepper(faults=NO_FAULTS, sgd: bool = False) -> OptimizerStep:

@@ -33,7 +33,7 @@ def print_corpus_statistics(report) -> None:
     sizes = (f"{report.src_vocab_size}" if report.joint
              else f"{report.src_vocab_size} / {report.tgt_vocab_size}")
     console.print(f"tokenizer: {kind}, {sizes} pieces "
-                  f"({'trained' if report.tokenizer_trained else 'loaded'})")
+                  f"({report.tokenizer})")
 
 
 def print_scores(scores: dict) -> None:

@@ -35,18 +35,21 @@ def _run_dir(cfg, run_dir: Path | None, name_it: bool):
 
 
 @command(inputs=("config",), outputs={"run_dir": Output(folder=True, run=True)})
-def prepare(config: ConfigArg, run_dir: RunDirOpt = None, set_: SetOpt = None) -> None:
+def prepare(
+    config: ConfigArg,
+    run_dir: RunDirOpt = None,
+    set_: SetOpt = None,
+    workers: Annotated[int | None, typer.Option(
+        min=1, max=1024, help="Processes that clean and encode (default: one per core).")] = None,
+) -> None:
     """Clean the data, train or load the tokenizer, encode the corpora and print corpus statistics."""
     cfg = _load(config, set_)
-    import datasets
-
     from ..prepare import prepare as run_prepare
     from ..runfiles import RunLock
 
-    datasets.disable_progress_bars()
     run = _run_dir(cfg, run_dir, name_it=False)
     with RunLock(run):
-        report = run_prepare(cfg, run)
+        report = run_prepare(cfg, run, workers)
     from .reporting import print_corpus_statistics
 
     print_corpus_statistics(report)
@@ -80,8 +83,6 @@ def train(
 ) -> None:
     """Train a model from a config; a run folder that has a checkpoint resumes where it stopped."""
     cfg = _load(config, set_)
-    import datasets
-
     from ..distributed import environment_rank
     from ..faults import NO_FAULTS, Faults
     from ..runfiles import RunLock
@@ -91,7 +92,6 @@ def train(
 
     preflight(cfg)  # before the run folder is made
 
-    datasets.disable_progress_bars()
     run = _run_dir(cfg, run_dir, name_it=True)
     main_rank = environment_rank() == 0
     faults = ctx.find_object(Faults) or NO_FAULTS  # only tests pass one (tests/fault_run.py)
