@@ -26,10 +26,12 @@ import logging
 import os
 import re
 import zipfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch.torch_version import TorchVersion
 
@@ -246,7 +248,7 @@ def canonical_hash(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
 
 
-def fingerprint(cfg, world_size: int, tokenizer, data_lengths: list[int]) -> dict[str, Any]:
+def fingerprint(cfg, world_size: int, tokenizer, data_lengths: Sequence[int]) -> dict[str, Any]:
     """What a checkpoint records to refuse a resume that could not be exact: the model config, the
     training dynamics (``train.*`` except ``RESUMABLE``, and the world size), the tokenizer, the data."""
     dynamics = {k: v for k, v in cfg.train.model_dump(mode="json").items()
@@ -258,7 +260,7 @@ def fingerprint(cfg, world_size: int, tokenizer, data_lengths: list[int]) -> dic
         "model_sha256": canonical_hash(model),
         "dynamics": dynamics,
         "tokenizer": tokenizer.fingerprint(),
-        "data_sha256": canonical_hash([len(data_lengths), sum(data_lengths)]),
+        "data_sha256": canonical_hash([len(data_lengths), int(np.sum(data_lengths, dtype=np.int64))]),
     }
 
 

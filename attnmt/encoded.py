@@ -167,14 +167,26 @@ class EncodedSplit:
         """The cleaned source sentences."""
         return self._text("src")
 
+    @src_text.setter
+    def src_text(self, texts: list[str] | None) -> None:
+        self._texts["src"] = texts
+
     @property
     def tgt_text(self) -> list[str]:
         return self._text("tgt") or []
+
+    @tgt_text.setter
+    def tgt_text(self, texts: list[str]) -> None:
+        self._texts["tgt"] = texts
 
     @property
     def gold(self) -> list[str] | None:
         """The toy task's own word alignments (Pharaoh), one per pair."""
         return self._text("alignment")
+
+    @gold.setter
+    def gold(self, texts: list[str] | None) -> None:
+        self._texts["alignment"] = texts
 
     @functools.cached_property
     def lengths(self) -> np.ndarray:

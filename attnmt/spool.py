@@ -78,10 +78,10 @@ def spool_split(source: Source, name: str, path: Path, workers: int) -> Spooled:
     return spooled
 
 
-def spool_rows(path: Path, size: int = CHUNK) -> Iterator[list[str]]:
-    """The spool's lines in chunks, each line still with its tabs and line break."""
+def spool_rows(path: Path, size: int | None = None) -> Iterator[list[str]]:
+    """The spool's lines in chunks (of ``CHUNK``), each line still with its tabs and line break."""
     with open(path, encoding="utf-8", newline="\n") as spool:
-        yield from chunked(spool, size)
+        yield from chunked(spool, size or CHUNK)
 
 
 # ------------------------------------------------------------------------------ the tokenizer's sample

@@ -332,7 +332,7 @@ class Trainer:
         p.nonfinite_skips += 1
         p.nonfinite_in_row += 1
         self.log.record(NonfiniteRecord(step, p.nonfinite_skips,
-                                        [i for batch in micro_batches for i in batch][:32]))
+                                        [int(i) for batch in micro_batches for i in batch[:32]][:32]))
         if p.nonfinite_in_row >= self.tc.max_nonfinite:
             last = read_pointer(self.run, "latest").get("step")
             raise DivergedError(

@@ -8,8 +8,9 @@ sentences, from ``--data``, repeated with a running number appended to both side
 are the same), then, one process at a time:
 
 - ``attnmt prepare`` with the Multi30k Transformer recipe (its tokenizer samples at most
-  ``tokenizer.sample_size`` sentences): wall time and peak resident memory (``os.wait4``'s ``ru_maxrss``
-  of that process alone);
+  ``tokenizer.sample_size`` sentences) and ``--workers``: wall time, peak resident memory of the main
+  process (``os.wait4``'s ``ru_maxrss``) and of the whole process tree (its workers too: the largest sum
+  of their ``VmRSS`` sampled every 50 ms);
 - ``attnmt train`` for ``--steps`` steps with validation and saving pushed past the end: the seconds to the
   first logged step, the resident memory when the last logged step appears, steps per second after the
   first step, and the peak resident memory.
@@ -60,10 +61,12 @@ def run(args: list[str], watch: Path | None = None, steps: int = 0) -> dict:
     process = subprocess.Popen([sys.executable, "-m", "attnmt", *args], env=ENV, stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE)
     first = last_rss = None
+    tree_peak = 0.0
     while True:  # wait4, not poll: its rusage is this child's alone
         pid, status, usage = os.wait4(process.pid, os.WNOHANG)
         if pid:
             break
+        tree_peak = max(tree_peak, sum(_rss_mb(p) or 0.0 for p in _tree(process.pid)))
         records = _records(watch) if watch is not None else []
         if records and first is None:
             first = time.perf_counter() - started
@@ -73,7 +76,8 @@ def run(args: list[str], watch: Path | None = None, steps: int = 0) -> dict:
     process.returncode = os.waitstatus_to_exitcode(status)
     if process.returncode != 0:
         raise SystemExit(f"attnmt {' '.join(args[:1])} failed: {process.stderr.read().decode()[-2000:]}")
-    result = {"seconds": time.perf_counter() - started, "peak_mb": usage.ru_maxrss / 1024}
+    result = {"seconds": time.perf_counter() - started, "peak_mb": usage.ru_maxrss / 1024,
+              "tree_peak_mb": max(tree_peak, usage.ru_maxrss / 1024)}
     if watch is not None:
         records = _records(watch)
         span = records[-1]["elapsed_s"] - records[0]["elapsed_s"] if len(records) > 1 else float("nan")
@@ -96,6 +100,24 @@ def _records(path: Path) -> list[dict]:
         if record.get("event") == "train":
             records.append(record)
     return records
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants, from ``/proc/PID/task/*/children``."""
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        found.append(p)
+        try:
+            tasks = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                todo += [int(c) for c in Path(f"/proc/{p}/task/{task}/children").read_text().split()]
+            except OSError:
+                pass
+    return found
 
 
 def _rss_mb(pid: int) -> float | None:
@@ -121,6 +143,7 @@ def main() -> None:
     ap.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data" / "multi30k",
                     help="a folder with Multi30k's train.de.gz and train.en.gz")
     ap.add_argument("--config", type=Path, default=RECIPE)
+    ap.add_argument("--workers", type=int, default=None, help="prepare's --workers (default: its own)")
     ap.add_argument("--keep", action="store_true", help="keep the corpora and run folders")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="attnmt-scale-"))
@@ -130,7 +153,8 @@ def main() -> None:
             src, tgt = write_corpus(args.data, size, work)
             run_dir = work / f"run{size}"
             sets = ["--set", f"data.train.src={src}", "--set", f"data.train.tgt={tgt}"]
-            prepared = run(["prepare", str(args.config), "--run-dir", str(run_dir), *sets])
+            workers = ["--workers", str(args.workers)] if args.workers else []
+            prepared = run(["prepare", str(args.config), "--run-dir", str(run_dir), *sets, *workers])
             trained = run(["train", str(args.config), "--run-dir", str(run_dir), *sets,
                            "--set", f"train.max_steps={args.steps}", "--set", "train.log_every=1",
                            "--set", "train.eval_every=1000000", "--set", "train.save_every=1000000",
@@ -138,7 +162,9 @@ def main() -> None:
                           watch=run_dir / "metrics.jsonl", steps=args.steps)
             rows.append((size, prepared, trained))
             line = (f"{size:>11,} pairs: prepare {prepared['seconds']:.1f} s,"
-                    f" peak {prepared['peak_mb']:,.0f} MB; train: first step after"
+                    f" peak {prepared['peak_mb']:,.0f} MB"
+                    f" (with its workers {prepared['tree_peak_mb']:,.0f} MB);"
+                    f" train: first step after"
                     f" {trained['first_step_s']:.1f} s, {trained['steps_per_s']:.2f} steps/s,"
                     f" RSS at step {args.steps} {trained['rss_at_end_mb'] or float('nan'):,.0f} MB,"
                     f" peak {trained['peak_mb']:,.0f} MB")
@@ -151,6 +177,7 @@ def main() -> None:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     measures = [("prepare s", lambda p, t: p["seconds"]), ("prepare peak MB", lambda p, t: p["peak_mb"]),
+                ("prepare peak MB, with workers", lambda p, t: p["tree_peak_mb"]),
                 ("train first step s", lambda p, t: t["first_step_s"]),
                 ("train RSS MB", lambda p, t: t["rss_at_end_mb"]),
                 ("train peak MB", lambda p, t: t["peak_mb"])]

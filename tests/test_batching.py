@@ -149,7 +149,8 @@ def test_ranks_share_an_epoch_without_overlap(seed, replicas):
         assert len({len(b) for b in per_rank}) == 1  # the same number of steps on every rank
         for r, batches in enumerate(per_rank):
             assert batches == global_batches[r::replicas]
-            assert as_lists(samplers[r].global_batches(epoch)) == global_batches  # every rank computes the same list
+            # every rank computes the same list
+            assert as_lists(samplers[r].global_batches(epoch)) == global_batches
         examples = [[i for b in batches for i in b] for batches in per_rank]
         union = [i for ex in examples for i in ex]
         assert sorted(union) == list(range(len(lengths)))  # disjoint, and nothing lost
@@ -167,7 +168,8 @@ def test_multiple_of_is_respected(replicas, multiple_of):
                                         multiple_of=multiple_of)
             assert len(as_lists(sampler.global_batches(0))) % (replicas * multiple_of) == 0
             assert len(as_lists(sampler.batches(0))) % multiple_of == 0
-            assert sorted(i for b in as_lists(sampler.global_batches(0)) for i in b) == list(range(len(lengths)))
+            flat = [i for b in as_lists(sampler.global_batches(0)) for i in b]
+            assert sorted(flat) == list(range(len(lengths)))
 
 
 def test_one_rank_with_accumulation_sees_what_two_ranks_see():

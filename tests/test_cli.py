@@ -34,8 +34,7 @@ def invoke(*args):
 
 
 def test_prepare_writes_a_complete_run_folder(toy_run):
-    import datasets
-
+    from attnmt.encoded import open_split
     from attnmt.tokenizer import load_tokenizer
 
     run_dir, result = toy_run
@@ -50,12 +49,10 @@ def test_prepare_writes_a_complete_run_folder(toy_run):
     tokenizer = load_tokenizer(run_dir / "tokenizer")
     assert tokenizer.joint and tokenizer.src_vocab_size == TOY_VOCAB
     for split, rows in TOY_SIZES.items():
-        data = datasets.load_from_disk(str(run_dir / "data" / split))
-        assert set(data.column_names) == {"src", "tgt", "src_ids", "tgt_ids", "line", "alignment"}
-        assert data.num_rows == rows
-        head = data.select(range(5)).to_dict()
-        assert head["src_ids"] == tokenizer.encode_src(head["src"])
-        assert head["tgt_ids"] == tokenizer.encode_tgt(head["tgt"])
+        data = open_split(run_dir / "data" / split, split)
+        assert len(data) == len(data.gold) == rows and data.lines.tolist() == list(range(1, rows + 1))
+        assert data.src_ids[:5] == tokenizer.encode_src(data.src_text[:5])
+        assert data.tgt_ids[:5] == tokenizer.encode_tgt(data.tgt_text[:5])
 
 
 def test_prepare_prints_statistics(toy_run):
@@ -64,7 +61,8 @@ def test_prepare_prints_statistics(toy_run):
     for word in ("train", "dev", "test", "pairs read", "pairs kept", "unknown-piece rate"):
         assert word in out
     assert f"{TOY_SIZES['train']}" in out
-    assert f"tokenizer: joint, {TOY_VOCAB} pieces (trained)" in out
+    assert (f"tokenizer: joint, {TOY_VOCAB} pieces, trained on 1,000 of 1,000 sentences "
+            "(tokenizer.sample_size 1,000,000)") in out
 
 
 def test_resolved_config_is_written(toy_run):
@@ -80,7 +78,7 @@ def test_second_prepare_reuses_the_tokenizer(toy_run_copy):
     model = (toy_run_copy / "tokenizer" / "spm.model").read_bytes()
     result = invoke("prepare", TOY_CONFIG, "--run-dir", toy_run_copy, *TOY_SET)
     assert result.exit_code == 0, result.output
-    assert f"tokenizer: joint, {TOY_VOCAB} pieces (loaded)" in result.stdout
+    assert f"tokenizer: joint, {TOY_VOCAB} pieces, loaded" in result.stdout
     assert (toy_run_copy / "tokenizer" / "spm.model").read_bytes() == model
 
 
@@ -95,7 +93,7 @@ def test_changed_tokenizer_settings_are_refused_and_change_nothing(toy_run_copy)
 
 
 def test_prepare_as_a_subprocess(tmp_path):
-    import datasets
+    from attnmt.encoded import open_split
 
     result = run_attnmt("prepare", TOY_CONFIG, "--run-dir", "run", *TOY_SET, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
@@ -104,7 +102,7 @@ def test_prepare_as_a_subprocess(tmp_path):
     assert (run_dir / "config.yaml").is_file() and (run_dir / "tokenizer" / "spm.model").is_file()
     for split, rows in TOY_SIZES.items():
         assert split in result.stdout
-        assert datasets.load_from_disk(str(run_dir / "data" / split)).num_rows == rows
+        assert len(open_split(run_dir / "data" / split, split)) == rows
 
 
 def test_prepare_with_sockets_blocked(no_network, tmp_path):

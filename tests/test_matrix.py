@@ -264,7 +264,7 @@ def test_any_script_and_control_characters_stay_aligned_and_unknowns_are_reporte
     """Training pairs with NUL, ESC colour codes and other control characters are cleaned by the documented
     rule (``data.clean``) and stay aligned; a dev file in scripts the tokenizer never saw has its
     unknown-piece rate reported."""
-    import datasets
+    from attnmt.encoded import open_split
 
     src, tgt = toy_text(60)
     # the third is empty once cleaned
@@ -283,15 +283,16 @@ def test_any_script_and_control_characters_stay_aligned_and_unknowns_are_reporte
     train_stats, dev_stats = json.loads((tmp_path / "run" / "data" / "stats.json").read_text())
     assert train_stats["dropped"] == {"empty source": 1} and train_stats["kept"] == 59
     assert dev_stats["kept"] == 3 and dev_stats["src_unk_rate"] > 0
-    data = datasets.load_from_disk(str(tmp_path / "run" / "data" / "train"))
-    pairs = dict(zip(data["src"], data["tgt"]))
+    data = open_split(tmp_path / "run" / "data" / "train", "train")
+    pairs = dict(zip(data.src_text, data.tgt_text))
     assert pairs[src[0][1:]] == tgt[0] and pairs[src[1][5:-4]] == tgt[1]
     assert all(pairs[s] == t for s, t in zip(src[3:], tgt[3:]))
 
 
 def test_a_prepare_that_stopped_halfway_is_redone_by_train(tmp_path):
-    """A dev file with nothing left after cleaning stops prepare after the training split and the tokenizer
-    were written, before config.yaml (written last). Once the file is fixed, train prepares again."""
+    """A dev file with nothing left after cleaning stops prepare after the tokenizer was written, before any
+    split is (they are all read first) and before config.yaml (written last). Once the file is fixed, train
+    prepares again."""
     dev = {"src": str(tmp_path / "dev.en"), "tgt": str(tmp_path / "dev.de")}
     (tmp_path / "dev.en").write_text("\x00\n\x1b[31m\n", encoding="utf-8")
     (tmp_path / "dev.de").write_text("a\nb\n", encoding="utf-8")
@@ -299,7 +300,8 @@ def test_a_prepare_that_stopped_halfway_is_redone_by_train(tmp_path):
                           train={"max_steps": 1})
     expect_error(invoke("prepare", config, "--run-dir", tmp_path / "run"), 3,
                  "dev: no pairs left after cleaning (2 empty source)")
-    assert (tmp_path / "run" / "data" / "train").is_dir() and not (tmp_path / "run" / "config.yaml").exists()
+    assert not (tmp_path / "run" / "data" / "train").exists()
+    assert not (tmp_path / "run" / "config.yaml").exists()
     (tmp_path / "dev.en").write_text(lines(SOURCES), encoding="utf-8")
     result = invoke("train", config, "--run-dir", tmp_path / "run")
     assert result.exit_code == 0, result.output

@@ -209,6 +209,7 @@ def test_toy_data_again_is_a_no_op_and_other_sizes_are_refused(tmp_path):
 
 KILLED_PREPARE = """
 import os, signal, sys
+import attnmt.encoded as encoded
 import attnmt.prepare as prepare
 from attnmt.cli import app
 
@@ -221,7 +222,7 @@ def replace_dir(tmp, final):  # the folder is written; SIGKILL before it is in p
         os.kill(os.getpid(), signal.SIGKILL)
     real(tmp, final)
 
-prepare.replace_dir = replace_dir
+prepare.replace_dir = encoded.replace_dir = replace_dir
 app(["prepare", *sys.argv[2:]], prog_name="attnmt")
 """
 
@@ -231,6 +232,8 @@ def temporaries(run: Path) -> list[str]:
 
 
 def test_a_prepare_killed_midway_leaves_no_temporary_after_the_next(tmp_path):
+    """SIGKILL before the tokenizer is in place, and while a split is replaced: the next prepare removes
+    what was left, and a run folder killed half way is prepared again by train, never trained on as is."""
     run = tmp_path / "run"
     args = [str(TOY_CONFIG), "--run-dir", str(run), *TOY_SET]
 
@@ -240,17 +243,25 @@ def test_a_prepare_killed_midway_leaves_no_temporary_after_the_next(tmp_path):
         assert result.returncode == -9, result.stderr
 
     killed("tokenizer")  # a new run folder, killed before its tokenizer is in place
-    assert [name.split("-")[0] for name in temporaries(run)] == [".tokenizer.tmp"]
+    assert [name.split("-")[0] for name in temporaries(run)] == [".tokenizer.tmp", "data/.prepare.tmp"]
     assert invoke("prepare", *args).exit_code == 0
     assert temporaries(run) == []
     killed("train")  # a prepared run, killed while its training split is replaced
     left = sorted(name.rsplit("-", 1)[0] for name in temporaries(run))
-    assert left == ["data/.train.old", "data/.train.tmp"]
-    assert not (run / "data" / "train").exists()
+    assert left == ["data/.dev.tmp", "data/.prepare.tmp", "data/.test.tmp", "data/.train.old",
+                    "data/.train.tmp"]
+    assert not (run / "data" / "train").exists() and not (run / "config.yaml").exists()
     result = invoke("prepare", *args)
     assert result.exit_code == 0, result.output
     assert temporaries(run) == []
-    assert (run / "data" / "train" / "dataset_info.json").is_file()
+    assert (run / "data" / "train" / "split.json").is_file()
+    prepared = hash_tree(run / "data")
+    killed("dev")  # the training split is in place, the dev split is not: config.yaml is gone until the end
+    assert (run / "data" / "train" / "split.json").is_file() and not (run / "config.yaml").exists()
+    result = invoke("train", *args, "--set", "train.max_steps=1")
+    assert result.exit_code == 0, result.output
+    assert "preparing data" in result.output and temporaries(run) == []
+    assert hash_tree(run / "data") == prepared
 
 
 # ---------------------------------------------------------------------------------------------- pipes

@@ -13,6 +13,7 @@ from attnmt.data import ParallelText
 from attnmt.errors import CheckpointError, DataError
 from attnmt.prepare import obtain_tokenizer
 from attnmt.runfiles import RunDir
+from attnmt.spool import Spooled
 from attnmt.tokenizer import (
     BOS_ID,
     EOS_ID,
@@ -158,8 +159,11 @@ def saved(request, tmp_path_factory):
     cfg = _toy_config(run.root, joint=request.param)
     pairs = toy_pairs("train", 200)
     train = ParallelText("train", [p[0] for p in pairs], [p[1] for p in pairs])
-    tokenizer, trained = obtain_tokenizer(cfg, run, train)
-    assert trained
+    spool = run.root.parent / "train.tsv"
+    spool.write_text("".join(f"{k + 1}\t{s}\t{t}\n" for k, (s, t) in enumerate(zip(train.src, train.tgt))),
+                     encoding="utf-8")
+    tokenizer, how = obtain_tokenizer(cfg, run, Spooled("train", spool, read=200, kept=200))
+    assert how.startswith("trained on ")
     return run, cfg, train, tokenizer
 
 
@@ -184,8 +188,8 @@ def test_load_gives_the_same_tokenizer(saved):
 
 def test_obtain_reuses_the_saved_tokenizer(saved):
     run, cfg, train, tokenizer = saved
-    again, trained = obtain_tokenizer(cfg, run, train)
-    assert not trained and again.fingerprint() == tokenizer.fingerprint()
+    again, how = obtain_tokenizer(cfg, run, None)  # no training corpus needed
+    assert how == "loaded" and again.fingerprint() == tokenizer.fingerprint()
 
 
 def _copy_folder(saved, tmp_path):

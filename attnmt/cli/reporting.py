@@ -32,8 +32,7 @@ def print_corpus_statistics(report) -> None:
     kind = "joint" if report.joint else "separate"
     sizes = (f"{report.src_vocab_size}" if report.joint
              else f"{report.src_vocab_size} / {report.tgt_vocab_size}")
-    console.print(f"tokenizer: {kind}, {sizes} pieces "
-                  f"({report.tokenizer})")
+    console.print(f"tokenizer: {kind}, {sizes} pieces, {report.tokenizer}", soft_wrap=True)
 
 
 def print_scores(scores: dict) -> None:
