@@ -97,7 +97,7 @@ from attnmt.toy import toy_pairs
 sets = [f"data.train.src={sys.argv[2]}.en", f"data.train.tgt={sys.argv[2]}.de"]
 prepare(load_config(sys.argv[1], sets), RunDir(Path(sys.argv[3])), workers=1)
 status = Path("/proc/self/status").read_text()
-print(int(status.split("VmHWM:")[1].split()[0]) // 1024)  # this process's peak (ru_maxrss counts the parent's)
+print(int(status.split("VmHWM:")[1].split()[0]) // 1024)  # its own peak (ru_maxrss counts the parent)
 """
 
 
