@@ -12,7 +12,8 @@ are the same), then, one process at a time:
   process (``os.wait4``'s ``ru_maxrss``) and of the whole process tree (its workers too: the largest sum
   of their ``VmRSS`` sampled every 50 ms);
 - ``attnmt train`` for ``--steps`` steps with validation and saving pushed past the end: the seconds to the
-  first logged step, the resident memory when the last logged step appears, steps per second after the
+  first logged step, the resident memory when the last logged step appears (all of it, and the anonymous
+  part: without the pages of mapped files, the split's arrays among them), steps per second after the
   first step, and the peak resident memory.
 
 It prints a table and, for each measure, the exponent b of the least-squares fit measure ~ size^b over the
@@ -60,7 +61,7 @@ def run(args: list[str], watch: Path | None = None, steps: int = 0) -> dict:
     started = time.perf_counter()
     process = subprocess.Popen([sys.executable, "-m", "attnmt", *args], env=ENV, stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE)
-    first = last_rss = None
+    first = last_rss = last_anon = None
     tree_peak = 0.0
     while True:  # wait4, not poll: its rusage is this child's alone
         pid, status, usage = os.wait4(process.pid, os.WNOHANG)
@@ -71,7 +72,7 @@ def run(args: list[str], watch: Path | None = None, steps: int = 0) -> dict:
         if records and first is None:
             first = time.perf_counter() - started
         if records and records[-1]["step"] >= steps and last_rss is None:
-            last_rss = _rss_mb(process.pid)
+            last_rss, last_anon = _rss_mb(process.pid), _rss_mb(process.pid, "RssAnon")
         time.sleep(0.05)
     process.returncode = os.waitstatus_to_exitcode(status)
     if process.returncode != 0:
@@ -81,7 +82,7 @@ def run(args: list[str], watch: Path | None = None, steps: int = 0) -> dict:
     if watch is not None:
         records = _records(watch)
         span = records[-1]["elapsed_s"] - records[0]["elapsed_s"] if len(records) > 1 else float("nan")
-        result.update(first_step_s=first, rss_at_end_mb=last_rss,
+        result.update(first_step_s=first, rss_at_end_mb=last_rss, anon_at_end_mb=last_anon,
                       steps_per_s=(records[-1]["step"] - records[0]["step"]) / span if span else float("nan"))
     return result
 
@@ -120,12 +121,14 @@ def _tree(pid: int) -> list[int]:
     return found
 
 
-def _rss_mb(pid: int) -> float | None:
+def _rss_mb(pid: int, field: str = "VmRSS") -> float | None:
+    """A memory field of ``/proc/PID/status`` in MB: VmRSS, or RssAnon (the process's own memory, without
+    the pages of mapped files, which the kernel can drop and read again)."""
     try:
         status = Path(f"/proc/{pid}/status").read_text()
     except OSError:
         return None
-    line = next((x for x in status.splitlines() if x.startswith("VmRSS:")), None)
+    line = next((x for x in status.splitlines() if x.startswith(f"{field}:")), None)
     return int(line.split()[1]) / 1024 if line else None
 
 
@@ -166,7 +169,8 @@ def main() -> None:
                     f" (with its workers {prepared['tree_peak_mb']:,.0f} MB);"
                     f" train: first step after"
                     f" {trained['first_step_s']:.1f} s, {trained['steps_per_s']:.2f} steps/s,"
-                    f" RSS at step {args.steps} {trained['rss_at_end_mb'] or float('nan'):,.0f} MB,"
+                    f" RSS at step {args.steps} {trained['rss_at_end_mb'] or float('nan'):,.0f} MB"
+                    f" (anonymous {trained['anon_at_end_mb'] or float('nan'):,.0f} MB),"
                     f" peak {trained['peak_mb']:,.0f} MB")
             print(line, flush=True)
             if not args.keep:
@@ -180,6 +184,7 @@ def main() -> None:
                 ("prepare peak MB, with workers", lambda p, t: p["tree_peak_mb"]),
                 ("train first step s", lambda p, t: t["first_step_s"]),
                 ("train RSS MB", lambda p, t: t["rss_at_end_mb"]),
+                ("train anonymous RSS MB", lambda p, t: t["anon_at_end_mb"]),
                 ("train peak MB", lambda p, t: t["peak_mb"])]
     print("\n| measure | " + " | ".join(f"{s:,}" for s, _, _ in rows) + " | exponent |")
     print("| --- |" + " --- |" * (len(rows) + 1))

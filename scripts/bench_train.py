@@ -6,6 +6,8 @@
     python scripts/bench_train.py --device cuda --archs transformer --steps 300   # on a GPU: bf16 autocast
     python scripts/bench_train.py --precision bf16 --compile off on   # torch.compile against eager
     python scripts/bench_train.py --parts               # a step's pieces against what they replaced
+    python scripts/bench_train.py --against /tmp/old --archs transformer --precision bf16 --rounds 3
+                                                        # this checkout against another, alternating
 
 For each recipe, in a fresh child process: prepare the data (not timed), run 5 warm-up steps, then time
 ``--steps`` optimizer steps and report source + target non-pad tokens per second, target tokens per
@@ -60,6 +62,7 @@ def child(arch: str, steps: int, threads: int, data: str | None, device: str, pr
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
+    from attnmt.batching import gather
     from attnmt.config import load_config
     from attnmt.runfiles import RunDir
     from attnmt.runlog import quiet
@@ -86,7 +89,7 @@ def child(arch: str, steps: int, threads: int, data: str | None, device: str, pr
         with FlopCounterMode(display=False) as counter:
             trainer.train_step(groups[5])
         flops_per_token = counter.get_total_flops() / sum(
-            trainer.train_data.batch(i).n_tgt_tokens + trainer.train_data.batch(i).n_src_tokens
+            gather(trainer.train_data, i).n_tgt_tokens + gather(trainer.train_data, i).n_src_tokens
             for i in groups[5]
         )
         measured = groups[6 : 6 + steps]
@@ -194,6 +197,38 @@ def run_joey(arch: str, budget: int) -> dict | None:
     return {"arch": arch, "tgt_tokens_per_s": float(match.group(1))}
 
 
+def _child(tree: Path, args, arch: str, precision: str, compile_: str) -> dict:
+    """One measuring child, run from the checkout ``tree`` (its script, its attnmt)."""
+    cmd = [sys.executable, str(tree / "scripts" / "bench_train.py"), "--child", arch,
+           "--steps", str(args.steps), "--threads", str(args.threads), "--device", args.device,
+           "--precision", precision,
+           "--compile", compile_]
+    if args.data:
+        cmd += ["--data", args.data]
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONPATH": str(tree)}
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=tree, env=env)
+    line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
+    if line is None:
+        sys.exit(f"{tree}: {arch} {precision} compile {compile_} failed:\n{out.stderr[-3000:]}")
+    return json.loads(line[7:])
+
+
+def against(args) -> None:
+    """This checkout against ``args.against``, alternating child by child: tokens/s of each, their ratio."""
+    trees = {"this": REPO, "against": args.against.resolve()}
+    for arch in args.archs:
+        for precision in args.precision:
+            speeds: dict[str, list[float]] = {name: [] for name in trees}
+            for round_ in range(args.rounds):
+                for name, tree in (trees.items() if round_ % 2 == 0 else reversed(trees.items())):
+                    speeds[name].append(_child(tree, args, arch, precision, args.compile[0])["tokens_per_s"])
+                    print(f"{arch} {precision} round {round_ + 1} {name}: {speeds[name][-1]:,.0f} tokens/s",
+                          flush=True)
+            this, other = (statistics.median(speeds[name]) for name in trees)
+            print(f"{arch} {precision}: this {this:,.0f} tokens/s, {trees['against']} {other:,.0f}: "
+                  f"{this / other:.3f}x (medians of {args.rounds} rounds)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=40)
@@ -211,8 +246,16 @@ def main() -> None:
                     help="also run JoeyNMT for this many seconds per arch")
     ap.add_argument("--parts", action="store_true",
                     help="time the pieces of a step against what they replaced, and nothing else")
+    ap.add_argument("--against", type=Path, metavar="CHECKOUT",
+                    help="another attnmt checkout (say, git worktree add /tmp/old HEAD~3): its children and "
+                         "this one's alternate, --rounds times, and the ratio of their median tokens/s is "
+                         "printed")
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.against:
+        against(args)
+        return
     if args.parts:
         parts(args.threads)
         return
