@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -42,6 +43,16 @@ OFFLINE_ENV = {
     "MPLBACKEND": "Agg",
 }
 os.environ.update(OFFLINE_ENV)
+
+
+def load_script(name: str):
+    """``scripts/NAME.py`` as a module, registered in ``sys.modules`` first (its dataclasses look
+    themselves up there) and loaded once."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+        sys.modules[name] = module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
 def hash_tree(root: Path) -> dict[str, str]:

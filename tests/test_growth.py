@@ -23,23 +23,10 @@ levelled off; ``fastpath.row_bucket`` now rounds the rows to a few sizes (358 to
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-
 import pytest
-from helpers import REPO
+from helpers import load_script
 
-
-def _script():
-    """``scripts/check_growth.py`` as a module (registered first: its dataclasses look themselves up)."""
-    if "check_growth" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("check_growth", REPO / "scripts" / "check_growth.py")
-        sys.modules["check_growth"] = module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return sys.modules["check_growth"]
-
-
-growth = _script()
+growth = load_script("check_growth")
 
 RSS = growth.Limit(0.05, 20.0)  # MB
 COUNTS = growth.Limit(0.0, 2)  # file descriptors, threads

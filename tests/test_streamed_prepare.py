@@ -8,7 +8,6 @@ on the whole lists, everything encoded at once, the statistics from ``np.percent
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import OFFLINE_ENV, REPO, curve, write_tiny_config
+from helpers import OFFLINE_ENV, REPO, curve, load_script, write_tiny_config
 from typer.testing import CliRunner
 
 import attnmt.batching
@@ -30,16 +29,7 @@ from attnmt.prepare import prepare
 from attnmt.runfiles import RunDir
 from attnmt.toy import toy_pairs
 
-
-def _script():
-    if "check_prepare" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("check_prepare", REPO / "scripts" / "check_prepare.py")
-        sys.modules["check_prepare"] = module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return sys.modules["check_prepare"]
-
-
-check = _script()
+check = load_script("check_prepare")
 
 
 def toy_config(tmp_path: Path, train: dict, **tokenizer) -> Path:
