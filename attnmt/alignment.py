@@ -48,6 +48,10 @@ class AlignOptions:
     words: str = "merged"
     """``merged``: attention merged into words, then links extracted; ``any``: links extracted between
     pieces, and two words linked if any of their pieces are (``words_from_piece_links``)."""
+    source: str = "attention"
+    """What links are read from: ``attention``, or a gradient attribution method (``attribution.py``)
+    whose source shares stand in for one layer's single head; ``steps`` for integrated gradients."""
+    steps: int = 64
 
 
 def attention_rows(cross: Sequence[np.ndarray], layer: int | None = None, heads: Sequence[int] | None = None,

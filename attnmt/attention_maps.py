@@ -31,6 +31,7 @@ from .alignment import (
     symmetrize,
     words_from_piece_links,
 )
+from .attribution import Attribution, attribute_pairs, from_attention
 from .batching import collate, token_batches
 from .data import clean
 from .errors import DataError
@@ -227,18 +228,68 @@ def _links(cross: list[np.ndarray], src_groups, tgt_groups, options: AlignOption
     return extract_alignment(words, options.method, options.threshold)
 
 
+def _cross(translator: Translator, src_ids: Sequence[Sequence[int]], tgt_ids: Sequence[Sequence[int]],
+           source: str = "attention", steps: int = 64,
+           on_batch: Callable[[int], None] | None = None) -> list[list[np.ndarray]]:
+    """Per pair, what links are read from: the cross-attention (one (H, T, S) array per layer) or, for a
+    gradient method (``attribution.GRADIENT_METHODS``), its source shares as one layer of one head."""
+    if source == "attention":
+        maps = teacher_forced_attention(translator.model, src_ids, tgt_ids, translator.device,
+                                        translator.decode.max_tokens, ["cross"], on_batch)
+        return [pair_maps["cross"] for pair_maps in maps]
+    found = attribute_pairs(translator.model, src_ids, tgt_ids, source, translator.device, steps,
+                            translator.decode.max_tokens, on_batch)
+    return [[a.source[None]] for a in found]
+
+
 def _directional_links(translator: Translator, sources: Sequence[str], targets: Sequence[str],
                        options: AlignOptions, gold: Gold | None,
                        on_batch: Callable[[int], None] | None = None) -> list[list[Link]]:
     src_ids, src_groups, tgt_ids, tgt_groups = _word_pieces(translator, sources, targets, gold)
     pairs = [i for i in range(len(sources)) if src_ids[i] and tgt_ids[i]]
-    maps = teacher_forced_attention(translator.model, [src_ids[i] for i in pairs],
-                                    [tgt_ids[i] for i in pairs], translator.device,
-                                    translator.decode.max_tokens, ["cross"], on_batch)
+    cross = _cross(translator, [src_ids[i] for i in pairs], [tgt_ids[i] for i in pairs], options.source,
+                   options.steps, on_batch)
     links: list[list[Link]] = [[] for _ in sources]
-    for i, pair_maps in zip(pairs, maps):
-        links[i] = _links(pair_maps["cross"], src_groups[i], tgt_groups[i], options)
+    for i, pair_cross in zip(pairs, cross):
+        links[i] = _links(pair_cross, src_groups[i], tgt_groups[i], options)
     return links
+
+
+# ---------------------------------------------------------------------------------------- attribution
+
+
+@dataclass
+class Attributed:
+    method: str
+    targets: list[str]  # the targets attributed (given, or the model's translations)
+    src: list[list[str]]  # per pair: the source pieces and </s> (the columns)
+    tgt: list[list[str]]  # per pair: the target pieces and </s> (the rows)
+    found: list[Attribution | None]  # per pair; None for an empty line
+
+
+def attribute_corpus(translator: Translator, sources: Sequence[str], targets: Sequence[str] | None = None,
+                     method: str = "integrated_gradients", steps: int = 64,
+                     on_pair: Callable[[int], None] | None = None) -> Attributed:
+    """``attnmt attribute``: each pair's attribution by ``method`` (``attribution.METHODS``; the model's
+    own translation unless ``targets`` are given), on the pieces ``align`` reads the lines as."""
+    if targets is None:
+        targets = translator.best(sources)
+    src_ids, _, tgt_ids, _ = _word_pieces(translator, sources, targets, None)
+    pairs = [i for i in range(len(sources)) if src_ids[i] and tgt_ids[i]]
+    chosen = ([src_ids[i] for i in pairs], [tgt_ids[i] for i in pairs])
+    if method == "attention":
+        maps = teacher_forced_attention(translator.model, *chosen, translator.device,
+                                        translator.decode.max_tokens, ["cross"], on_pair)
+        results = [from_attention(pair_maps["cross"]) for pair_maps in maps]
+    else:
+        results = attribute_pairs(translator.model, *chosen, method, translator.device, steps,
+                                  translator.decode.max_tokens, on_pair)
+    found: list[Attribution | None] = [None] * len(sources)
+    for i, result in zip(pairs, results):
+        found[i] = result
+    tokenizer = translator.tokenizer
+    return Attributed(method, list(targets), [tokenizer.src_pieces(ids) + ["</s>"] for ids in src_ids],
+                      [tokenizer.tgt_pieces(ids) + ["</s>"] for ids in tgt_ids], found)
 
 
 # ------------------------------------------------------------------------------------------ explorer
@@ -267,10 +318,12 @@ class Explored:
 def explore(translator: Translator, sources: Sequence[str], out: Path,
             targets: Sequence[str] | None = None, kinds: Sequence[str] = ("cross",),
             options: AlignOptions = AlignOptions(), gold: Gold | None = None,
-            title: str = "attnmt attention") -> Explored:
+            title: str = "attnmt attention", attribution: Attributed | None = None) -> Explored:
     """``attnmt plot --html``: every layer and head of ``kinds`` for each pair (the model's own translation
     unless ``targets`` are given), with the word alignment ``align`` would extract (``options``) and, with
     ``gold``, each sentence's AER, written as one self-contained HTML page (``explorer.write_explorer``).
+    With ``attribution`` (``attribute_corpus`` of the same pairs), the page shows its source and prefix
+    shares too (kinds ``attribution`` and ``attribution_prefix``: one layer of one head).
     Sentences are numbered from 1 in input order; an empty line is left out."""
     if targets is None:
         targets = translator.best(sources)
@@ -280,6 +333,11 @@ def explore(translator: Translator, sources: Sequence[str], out: Path,
     maps = teacher_forced_attention(translator.model, [src_ids[i] for i in pairs],
                                     [tgt_ids[i] for i in pairs], translator.device,
                                     translator.decode.max_tokens, list(kinds))
+    if attribution is not None:
+        kinds = [*kinds, "attribution", "attribution_prefix"]
+        for i, pair_maps in zip(pairs, maps):
+            found = attribution.found[i]
+            pair_maps.update(attribution=[found.source[None]], attribution_prefix=[found.prefix[None]])
     page = []
     for i, pair_maps in zip(pairs, maps):
         src, tgt = tokenizer.src_pieces(src_ids[i]), tokenizer.tgt_pieces(tgt_ids[i])

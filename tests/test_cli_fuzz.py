@@ -56,6 +56,7 @@ BASELINES: dict[str, tuple[list[str], dict[str, list[str]]]] = {
     "score": (["<run>"], {"--src": ["<src>"], "--tgt": ["<tgt>"]}),
     "plot": (["<run>", "monday , 3 june 2001"], {"--out": ["<new>"], "--layer": ["1"], "--head": ["1"]}),
     "align": (["<run>"], {"--src": ["<src>"], "--tgt": ["<tgt>"]}),
+    "attribute": (["<run>"], {"--src": ["<src>"], "--tgt": ["<tgt>"], "--method": ["saliency"]}),
     "plot-curves": (["<run>"], {"--out": ["<new>.png"]}),
     "average": (["<ckpt>", "<member>"], {"--out": ["<new>.pt"]}),
     "info": (["<run>"], {}),

@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import sys
 
+import numpy as np
 import pytest
 from helpers import assert_one_error_line
 from PIL import Image
@@ -274,6 +276,66 @@ def test_plot_html_writes_one_explorer_of_every_sentence_with_the_alignment_alig
     assert len(data) == 2 and set(data[0]["maps"]) == {"cross"} and data[0]["aer"] is None
 
 
+# ------------------------------------------------------------------------------------- attribution
+
+
+def test_attribute_writes_shares_per_target_piece_and_the_page_shows_them(toy, tmp_path):
+    runs, files = toy
+    out = tmp_path / "attr.jsonl"
+    result = invoke("attribute", runs["transformer"], "--src", files["en"], "--tgt", files["de"],
+                    "--method", "integrated_gradients", "--steps", 16, "--limit", 3, "-o", out)
+    assert result.exit_code == 0, result.output
+    records = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert [r["number"] for r in records] == [1, 2, 3]
+    for r in records:
+        assert r["method"] == "integrated_gradients" and r["src"][-1] == r["tgt"][-1] == "</s>"
+        assert r["tgt_in"] == ["<s>"] + r["tgt"][:-1]
+        source, prefix = np.array(r["source"]), np.array(r["prefix"])
+        assert source.shape == (len(r["tgt"]), len(r["src"])) and prefix.shape == (len(r["tgt"]),) * 2
+        np.testing.assert_allclose(source.sum(1) + prefix.sum(1), 1.0, atol=1e-5)
+        assert not np.triu(prefix, 1).any() and len(r["delta"]) == len(r["gap"]) == len(r["tgt"])
+    # The attention method is the cross-attention averaged: its rows are all source, nothing to the prefix.
+    result = invoke("attribute", runs["lstm"], "--src", files["en"], "--method", "attention", "--limit", 2)
+    assert result.exit_code == 0, result.output
+    attention = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len(attention) == 2 and not np.array(attention[0]["prefix"]).any()
+    np.testing.assert_allclose(np.array(attention[0]["source"]).sum(1), 1.0, atol=1e-5)
+    # The page: attention and attribution side by side, the attribution's shares as one head.
+    page = tmp_path / "attr.html"
+    result = invoke("attribute", runs["transformer"], "--src", files["en"], "--tgt", files["de"],
+                    "--method", "saliency", "--limit", 4, "--html", page)
+    assert result.exit_code == 0, result.output
+    assert f"wrote {page}" in result.stdout and "4 sentence(s)" in result.stdout
+    data = _page_data(page)
+    assert set(data[0]["maps"]) == {"cross", "attribution", "attribution_prefix"}
+    assert data[0]["maps"]["attribution"]["heads"] == 1
+    assert data[0]["maps"]["attribution_prefix"]["cols"] == len(data[0]["tgt_in"])
+
+
+def test_align_from_a_gradient_attribution_beats_the_diagonal(toy):
+    runs, files = toy
+    result = invoke("align", runs["lstm"], "--src", files["en"], "--tgt", files["de"],
+                    "--gold", files["align"], "--from", "input_x_gradient", "--json")
+    assert result.exit_code == 0, result.output
+    score = json.loads(result.stdout)
+    assert score["from"] == "input_x_gradient" and score["sentences"] == TOY_TEST
+    baseline = diagonal_aer(files)
+    print(f"toy AER: LSTM input x gradient {score['aer']:.3f}, diagonal baseline {baseline:.3f}")
+    assert score["aer"] < baseline - 0.05
+
+
+def test_without_captum_attribution_says_how_to_install_it(toy, monkeypatch):
+    runs, files = toy
+    monkeypatch.setitem(sys.modules, "captum", None)  # import captum raises ImportError
+    for args in (["attribute", runs["lstm"], "--src", files["en"]],
+                 ["align", runs["lstm"], "--src", files["en"], "--from", "saliency"]):
+        result = invoke(*args)
+        assert result.exit_code == 2, result.output
+        assert "pip install 'attnmt[attribute]'" in assert_one_error_line(result.stderr)
+    assert invoke("attribute", runs["lstm"], "--src", files["en"], "--method", "attention",
+                  "--limit", 1).exit_code == 0  # attention needs no captum
+
+
 # ------------------------------------------------------------------------------------- bad inputs
 
 
@@ -304,6 +366,11 @@ def test_plot_html_writes_one_explorer_of_every_sentence_with_the_alignment_alig
         ("plot_html_short_tgt", 3, "has 99 lines, but there are 100 sources"),
         ("plot_html_bad_gold", 3, "malformed alignment link"),
         ("plot_html_layer", 2, "--layer: the --html page holds every layer"),
+        ("attribute_unknown_method", 2, "--method"),
+        ("attribute_one_step", 2, "--steps"),
+        ("attribute_short_tgt", 3, "has 99"),
+        ("align_from_with_layer", 2, "--layer chooses what attention is read; --from saliency"),
+        ("align_from_with_shift", 2, "--shift chooses what attention is read"),
     ],
 )
 def test_bad_inputs_exit_with_one_error_line(toy, tmp_path, case, code, needle):
@@ -342,6 +409,15 @@ def test_bad_inputs_exit_with_one_error_line(toy, tmp_path, case, code, needle):
         "plot_html_short_tgt": ["plot", lstm, "--input", en, "--tgt", short, "--html",
                                 tmp_path / "maps.html"],
         "plot_html_layer": ["plot", lstm, "may 1st 2001", "--layer", 1, "--html", tmp_path / "maps.html"],
+        "attribute_unknown_method": ["attribute", lstm, "--src", en, "--method", "lime", "-o",
+                                     tmp_path / "maps"],
+        "attribute_one_step": ["attribute", lstm, "--src", en, "--steps", 1, "--html",
+                               tmp_path / "maps.html"],
+        "attribute_short_tgt": ["attribute", lstm, "--src", en, "--tgt", short, "--html",
+                                tmp_path / "maps.html"],
+        "align_from_with_layer": ["align", lstm, "--src", en, "--from", "saliency", "--layer", 1, "-o",
+                                  tmp_path / "maps"],
+        "align_from_with_shift": ["align", lstm, "--src", en, "--from", "input_x_gradient", "--shift"],
         "plot_html_bad_gold": ["plot", lstm, "--input", en, "--tgt", de, "--gold", gold, "--html",
                                tmp_path / "maps.html"],
     }[case]

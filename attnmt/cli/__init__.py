@@ -5,7 +5,7 @@ family of commands registers its commands on import:
 
 - ``training.py``: prepare, toy-data, train (``reporting.py`` shows them);
 - ``decoding.py``: translate, eval, score;
-- ``looking.py``: plot, align, plot-curves;
+- ``looking.py``: plot, align, attribute, plot-curves;
 - ``model_tools.py``: average, info.
 
 A command parses its options, makes one library call and prints. ``options.py`` holds the option types

@@ -1,4 +1,5 @@
-"""Commands that look inside a model: ``plot`` (heatmaps), ``align`` (word alignments), ``plot-curves``."""
+"""Commands that look inside a model: ``plot`` (heatmaps), ``align`` (word alignments), ``attribute``
+(gradient attribution), ``plot-curves``."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from .common import (
 from .contract import Output
 from .options import (
     AlignMethod,
+    AttributionMethod,
     BeamOpt,
     DeviceOpt,
     DpiOpt,
@@ -31,6 +33,7 @@ from .options import (
     InputOpt,
     Layer,
     ModelArg,
+    StepsOpt,
     Symmetrization,
     WordRule,
 )
@@ -176,6 +179,31 @@ def _reading(cfg, layer: Layer | None, heads: Heads | None, which: str = "", **o
     return layer, heads, AlignOptions(layer.index, heads.indices, **options)
 
 
+def _check_source(source: AttributionMethod, layer: Layer | None, heads: Heads | None, shift: bool) -> None:
+    """``align --from``: a gradient attribution has no layers, heads or shifted rows to choose."""
+    if source != AttributionMethod.attention:
+        chosen = (("--layer", layer), ("--heads", heads), ("--shift", shift))
+        given = [name for name, value in chosen if value]
+        if given:
+            raise ConfigError(f"{given[0]} chooses what attention is read; --from {source.value} reads "
+                              "a gradient attribution instead")
+        from ..attribution import captum_attr
+
+        captum_attr()  # missing captum is said before a model is loaded
+
+
+def _reverse_model(model: Path, cfg, reverse: Path, device, beam_size):
+    """``align --reverse``: the reverse model and its config, checked to translate the other way."""
+    back, back_cfg, _ = open_translator(reverse, device, beam_size, exports=False)
+    forward_pair = (cfg.data.src_lang, cfg.data.tgt_lang)
+    backward_pair = (back_cfg.data.src_lang, back_cfg.data.tgt_lang)
+    if backward_pair != forward_pair[::-1]:
+        raise ConfigError(f"--reverse {reverse}: it translates {'->'.join(backward_pair)}, but the "
+                          f"reverse of {model} ({'->'.join(forward_pair)}) is "
+                          f"{'->'.join(forward_pair[::-1])}")
+    return back, back_cfg
+
+
 @command(inputs=("model", "src", "tgt", "gold", "reverse"),
          outputs={"output": Output(), "hyp_out": Output()})
 def align(
@@ -220,6 +248,10 @@ def align(
     hyp_out: Annotated[Path | None, typer.Option("--hyp-out", help="Without --tgt: "
                                                  "also write the translations that were aligned.")] = None,
     json_: Annotated[bool, typer.Option("--json", help="With --gold: print the scores as JSON.")] = False,
+    from_: Annotated[AttributionMethod, typer.Option("--from", help="What links are read from: the "
+                                                     "cross-attention, or a gradient attribution's source "
+                                                     "shares (see attribute).")] = "attention",
+    steps: StepsOpt = 64,
     beam_size: BeamOpt = None,
     device: DeviceOpt = "auto",
 ) -> None:
@@ -246,22 +278,17 @@ def align(
     if symmetrize_ is not None and reverse is None:
         raise ConfigError("--symmetrize combines two directions: it needs --reverse MODEL")
     symmetrization = (symmetrize_ or Symmetrization.grow_diag_final_and).value
+    _check_source(from_, layer, heads, shift)
     sources, targets = read_pairs(src, tgt)
     gold_links = read_gold(gold, len(sources), src, one_based) if gold is not None else None
     translator, cfg, _ = open_translator(model, device, beam_size, exports=False)
     reading = {"shift": shift, "method": method.value, "threshold": threshold, "symmetrize": symmetrization,
-               "words": word_rule.value}
+               "words": word_rule.value, "source": from_.value, "steps": steps}
     given_layer, given_heads = layer, heads
     layer, heads, options = _reading(cfg, given_layer, given_heads, **reading)
     back, back_options = None, None
     if reverse is not None:
-        back, back_cfg, _ = open_translator(reverse, device, beam_size, exports=False)
-        forward_pair, backward_pair = (cfg.data.src_lang, cfg.data.tgt_lang), (back_cfg.data.src_lang,
-                                                                              back_cfg.data.tgt_lang)
-        if backward_pair != forward_pair[::-1]:
-            raise ConfigError(f"--reverse {reverse}: it translates {'->'.join(backward_pair)}, but the "
-                              f"reverse of {model} ({'->'.join(forward_pair)}) is "
-                              f"{'->'.join(forward_pair[::-1])}")
+        back, back_cfg = _reverse_model(model, cfg, reverse, device, beam_size)
         # Each model is read with its own defaults (a guided model at the head it was taught).
         back_options = _reading(back_cfg, given_layer, given_heads, "--reverse ", **reading)[2]
     if targets is None:  # the model's own translations, kept (--hyp-out) before the alignment's work
@@ -280,12 +307,84 @@ def align(
     score = alignment_scores(aligned.links, gold_links.sure, gold_links.possible)
     if json_:
         typer.echo(json.dumps({**score.as_dict(), "layer": layer.text, "heads": heads.text, "shift": shift,
-                               "method": method.value, "words": word_rule.value,
+                               "method": method.value, "words": word_rule.value, "from": from_.value,
                                "symmetrize": symmetrization if reverse is not None else None}))
     else:
-        how = (f"layer {layer.text}, heads {heads.text}, {method.value}" + (", shifted" if shift else "")
+        how = (f"layer {layer.text}, heads {heads.text}" if from_ == "attention" else from_.value)
+        how += (f", {method.value}" + (", shifted" if shift else "")
                + (f", {symmetrization} with {reverse}" if reverse is not None else ""))
         print_alignment_score(score, f"alignment of {src} ({how})")
+
+
+@command(inputs=("model", "src", "tgt"), outputs={"output": Output(), "html": Output()})
+def attribute(
+    model: ModelArg,
+    src: Annotated[Path, typer.Option("--src", help="Source sentences, one per line.", show_default=False)],
+    tgt: Annotated[Path | None, typer.Option("--tgt", help="Target sentences to attribute "
+                                             "(default: the model's own translations).")] = None,
+    method: Annotated[AttributionMethod, typer.Option("--method", help="saliency: |gradient|; "
+                                                      "input_x_gradient; integrated_gradients (from zero "
+                                                      "embeddings); attention: cross-attention, every layer "
+                                                      "and head averaged.")] = "integrated_gradients",
+    steps: StepsOpt = 64,
+    limit: Annotated[int | None, typer.Option("--limit", min=1, help="Only the first N pairs.")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the JSON lines here "
+                                                "(atomically; default: standard output, unless "
+                                                "--html).")] = None,
+    html: Annotated[Path | None, typer.Option("--html", help="Write the explorer page with the attribution "
+                                              "beside the attention.", show_default=False)] = None,
+    beam_size: BeamOpt = None,
+    device: DeviceOpt = "auto",
+) -> None:
+    """For each target piece, the share of each source piece and of the target prefix in its prediction.
+
+    Gradient attribution (captum: pip install 'attnmt[attribute]') of log p(target piece) with respect to
+    the embeddings; a token's score is the L2 norm of its attribution, and each row's scores are shares
+    summing to 1. One JSON object per pair: number, method, src, tgt, tgt_in (pieces), source (a row per
+    target piece: the share of each source piece), prefix (the share of each decoder input), and for
+    integrated gradients delta (per row: the attributions' sum minus the output difference) and gap (the
+    output difference).
+    """
+    from ..attention_maps import attribute_corpus, default_align_options, explore
+
+    if method != AttributionMethod.attention:
+        _check_source(method, None, None, False)
+    sources, targets = read_pairs(src, tgt)
+    if limit is not None:
+        sources, targets = sources[:limit], (targets[:limit] if targets is not None else None)
+    if not sources:
+        raise DataError(f"{src}: no sentences to attribute")
+    translator, cfg, _ = open_translator(model, device, beam_size, exports=False)
+    started = time.perf_counter()
+    with FileProgress(len(sources), "attributing") as progress:
+        done = attribute_corpus(translator, sources, targets, method.value, steps, progress.advance)
+    if html is not None:
+        page = explore(translator, sources, html, done.targets, options=default_align_options(cfg),
+                       title=f"attnmt: {html.stem} ({method.value})", attribution=done)
+        seconds = time.perf_counter() - started
+        typer.echo(f"wrote {html} ({page.bytes / 1024:,.0f} KB): {page.sentences} sentence(s) in "
+                   f"{seconds:.1f} s")
+    if output is not None or html is None:
+        records = _attribution_records(done)
+        write_output(output, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+
+
+def _attribution_records(done) -> list[dict]:
+    """``attribute``'s JSON objects, one per pair (an empty line: empty lists)."""
+    def rows(matrix):
+        return [[round(float(x), 6) for x in row] for row in matrix]
+
+    records = []
+    for number, (src, tgt, found) in enumerate(zip(done.src, done.tgt, done.found), start=1):
+        record = {"number": number, "method": done.method, "src": src, "tgt": tgt,
+                  "tgt_in": ["<s>"] + tgt[:-1], "source": [], "prefix": []}
+        if found is not None:
+            record.update(source=rows(found.source), prefix=rows(found.prefix))
+            if found.delta is not None:
+                record.update(delta=[round(float(x), 6) for x in found.delta],
+                              gap=[round(float(x), 6) for x in found.gap])
+        records.append(record)
+    return records
 
 
 @command("plot-curves", inputs=("run_dir",), outputs={"out": Output(own=("curves.png",))})

@@ -16,8 +16,8 @@ import typer
 from ..choices import METRICS, Device
 from ..errors import ConfigError
 
-__all__ = ["AlignMethod", "Device", "ExportFormat", "FigureFormat", "Heads", "Layer", "Metrics",
-           "Quantization", "Symmetrization", "WordRule"]
+__all__ = ["AlignMethod", "AttributionMethod", "Device", "ExportFormat", "FigureFormat", "Heads", "Layer",
+           "Metrics", "Quantization", "StepsOpt", "Symmetrization", "WordRule"]
 
 
 class AlignMethod(str, Enum):
@@ -27,6 +27,20 @@ class AlignMethod(str, Enum):
     mutual = "mutual"
     argmax = "argmax"
     threshold = "threshold"
+
+
+class AttributionMethod(str, Enum):
+    """``attribute --method`` and ``align --from``: a gradient attribution (``attribution.py``, captum) or
+    the cross-attention itself."""
+
+    saliency = "saliency"
+    input_x_gradient = "input_x_gradient"
+    integrated_gradients = "integrated_gradients"
+    attention = "attention"
+
+
+StepsOpt = Annotated[int, typer.Option("--steps", min=2, max=4096, help="Integrated gradients: points on "
+                                       "the path from the baseline (Gauss-Legendre).")]
 
 
 class WordRule(str, Enum):
