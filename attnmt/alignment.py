@@ -14,6 +14,7 @@ Links are between words; which pieces make up a word, and attention merged from 
 from __future__ import annotations
 
 import itertools
+import json
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from .data import read_lines
 from .errors import DataError
 
 Link = tuple[int, int]  # (source word, target word)
+CALIBRATION = "alignment.json"  # in a run folder: the reading that align --calibrate chose
 
 
 # ------------------------------------------------------------------------------------ extraction
@@ -109,6 +111,33 @@ def words_from_piece_links(links: Iterable[Link], src_words: np.ndarray, tgt_wor
             for j in np.flatnonzero(tgt_words[q]):
                 out.add((int(i), int(j)))
     return sorted(out)
+
+
+# ------------------------------------------------------------------------------------ calibration
+def calibration_file(checkpoint: Path) -> Path | None:
+    """Where ``align --calibrate`` keeps a run's reading: ``RUN/alignment.json``, for a checkpoint in
+    ``RUN/checkpoints/`` (None for a checkpoint outside a run folder)."""
+    checkpoint = Path(checkpoint)
+    return checkpoint.parent.parent / CALIBRATION if checkpoint.parent.name == "checkpoints" else None
+
+
+def read_calibration(checkpoint: Path) -> tuple[int | None, tuple[int, ...] | None] | None:
+    """The (layer, heads), 0-based, that ``align --calibrate`` stored for the run of ``checkpoint``; None
+    when there is none."""
+    path = calibration_file(checkpoint)
+    if path is None or not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        layer, heads = data["layer"], data["heads"]
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
+        raise DataError(f"{path}: not a reading that align --calibrate wrote "
+                        f"({e.__class__.__name__}: {e})") from None
+    indices = heads if isinstance(heads, list) and heads else [-1]
+    if not (layer is None or type(layer) is int and layer >= 0) or not (
+            heads is None or all(type(h) is int and h >= 0 for h in indices)):
+        raise DataError(f"{path}: layer must be null or a 0-based index, heads null or a list of them")
+    return layer, (tuple(heads) if heads is not None else None)
 
 
 # ---------------------------------------------------------------------------------------- Pharaoh

@@ -12,6 +12,7 @@ know no model). ``draw_attention`` (``attnmt plot`` and the heatmaps drawn durin
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,7 @@ from .alignment import (
     attention_rows,
     extract_alignment,
     parse_pharaoh,
+    read_calibration,
     symmetrize,
     words_from_piece_links,
 )
@@ -158,9 +160,13 @@ def draw_attention(translator: Translator, lines: Iterable[str], out_dir: Path, 
 # ---------------------------------------------------------------------------------------- alignments
 
 
-def default_align_options(cfg) -> AlignOptions:
-    """How ``align`` reads a model by default: every layer and head averaged, or for a model trained with
-    ``train.alignment`` the layer and heads it taught; the mutual argmax."""
+def default_align_options(cfg, checkpoint: Path | None = None) -> AlignOptions:
+    """How ``align`` reads a model by default: the layer and heads ``align --calibrate`` chose for its run
+    (``read_calibration``), else for a model trained with ``train.alignment`` the layer and heads it
+    taught, else every layer and head averaged; the mutual argmax."""
+    calibrated = read_calibration(checkpoint) if checkpoint is not None else None
+    if calibrated is not None:
+        return AlignOptions(*calibrated)
     guided = cfg.train.alignment
     if guided is None:
         return AlignOptions()
@@ -354,3 +360,55 @@ def explore(translator: Translator, sources: Sequence[str], out: Path,
     if not page:
         raise DataError("no sentence pairs to draw (every line is empty)")
     return Explored(len(page), write_explorer(out, page, title), list(targets))
+
+
+# ---------------------------------------------------------------------------------------- calibration
+
+
+@dataclass
+class Calibration:
+    """``align --calibrate``: the reading with the lowest AER on a dev set with gold alignments."""
+
+    layer: int | None  # 0-based; None: every layer
+    heads: tuple[int, ...] | None  # 0-based; None: every head
+    aer: float
+    candidates: list[tuple[int | None, tuple[int, ...] | None, float]]  # every reading tried, best first
+
+
+def _readings(n_layers: int, n_heads: int, head_aer: dict[tuple[int, int], float]):
+    """The readings ``calibrate`` tries: every layer and head averaged, each layer's heads averaged, each
+    single head, and in each layer its k best heads (by their own AER) averaged, for k = 2 .. H - 1."""
+    yield None, None
+    for layer in range(n_layers):
+        yield layer, None
+        ranked = sorted(range(n_heads), key=lambda h: (head_aer[layer, h], h))
+        for k in range(2, n_heads):
+            yield layer, tuple(sorted(ranked[:k]))
+
+
+def calibrate(translator: Translator, sources: Sequence[str], targets: Sequence[str], gold: Gold,
+              options: AlignOptions = AlignOptions()) -> Calibration:
+    """The layer and heads whose averaged cross-attention aligns ``sources`` with ``targets`` at the lowest
+    AER against ``gold`` (``options`` give the rest of the reading: rows, method, words); ties go to the
+    reading tried first (the coarser one). The attention is computed once; each reading is numpy only."""
+    src_ids, src_groups, tgt_ids, tgt_groups = _word_pieces(translator, sources, targets, gold)
+    pairs = [i for i in range(len(sources)) if src_ids[i] and tgt_ids[i]]
+    cross = _cross(translator, [src_ids[i] for i in pairs], [tgt_ids[i] for i in pairs])
+    if not cross:
+        raise DataError("no sentence pairs to calibrate on (every line is empty)")
+    n_layers, n_heads = len(cross[0]), cross[0][0].shape[0]
+
+    def aer(layer: int | None, heads: tuple[int, ...] | None) -> float:
+        reading = dataclasses.replace(options, layer=layer, heads=heads)
+        links: list[list[Link]] = [[] for _ in sources]
+        for i, pair_cross in zip(pairs, cross):
+            links[i] = _links(pair_cross, src_groups[i], tgt_groups[i], reading)
+        return alignment_scores(links, gold.sure, gold.possible).aer
+
+    head_aer = {(layer, h): aer(layer, (h,)) for layer in range(n_layers) for h in range(n_heads)}
+    tried = [(layer, heads, aer(layer, heads)) for layer, heads in _readings(n_layers, n_heads, head_aer)]
+    tried += [(layer, (h,), value) for (layer, h), value in head_aer.items()]
+    ranked = sorted(enumerate(tried), key=lambda item: (item[1][2], item[0]))
+    best = ranked[0][1]
+    return Calibration(best[0], best[1], best[2], [entry for _, entry in ranked])
+

@@ -115,16 +115,18 @@ def _norms(x: torch.Tensor) -> np.ndarray:
 
 
 def _attribute_position(attr, method: str, forward: Callable, inputs: tuple[torch.Tensor, torch.Tensor],
-                        steps: int, rows: int) -> tuple[tuple[torch.Tensor, ...], float]:
-    """One target position's attributions (captum) and, for integrated gradients, its delta (else 0)."""
+                        steps: int, rows: int) -> tuple[tuple[torch.Tensor, ...], float, float]:
+    """One target position's attributions (captum) and, for integrated gradients, its delta and the output
+    difference F(e) - F(e') (else 0 and 0)."""
     if method == "saliency":
-        return attr.Saliency(forward).attribute(inputs, abs=True), 0.0
+        return attr.Saliency(forward).attribute(inputs, abs=True), 0.0, 0.0
     if method == "input_x_gradient":
-        return attr.InputXGradient(forward).attribute(inputs), 0.0
+        return attr.InputXGradient(forward).attribute(inputs), 0.0, 0.0
     baselines = tuple(torch.zeros_like(x) for x in inputs)
     found, delta = attr.IntegratedGradients(forward).attribute(
         inputs, baselines=baselines, n_steps=steps, internal_batch_size=rows, return_convergence_delta=True)
-    return found, float(delta.sum())
+    total = sum(float(x.detach().double().sum()) for x in found)  # delta = total - (F(e) - F(e'))
+    return found, float(delta.sum()), total - float(delta.sum())
 
 
 def attribute_pair(model, src: Sequence[int], tgt: Sequence[int], method: str, device="cpu", steps: int = 64,
@@ -141,12 +143,9 @@ def attribute_pair(model, src: Sequence[int], tgt: Sequence[int], method: str, d
         for t in range(T):
             forward = _forward(model, src, tgt, t, device)
             inputs = (src_emb.clone().requires_grad_(), tgt_emb[:, : t + 1].clone().requires_grad_())
-            found, delta[t] = _attribute_position(attr, method, forward, inputs, steps,
-                                                  max(1, max_tokens // (S + t + 1)))
+            found, delta[t], gap[t] = _attribute_position(attr, method, forward, inputs, steps,
+                                                          max(1, max_tokens // (S + t + 1)))
             source[t], prefix[t, : t + 1] = _norms(found[0][0]), _norms(found[1][0])
-            if method == "integrated_gradients":
-                with torch.no_grad():
-                    gap[t] = float(forward(*inputs) - forward(*(torch.zeros_like(x) for x in inputs)))
     total = source.sum(-1, keepdims=True) + prefix.sum(-1, keepdims=True)
     total = np.where(total > 0, total, 1.0)
     ig = method == "integrated_gradients"

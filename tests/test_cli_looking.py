@@ -276,6 +276,71 @@ def test_plot_html_writes_one_explorer_of_every_sentence_with_the_alignment_alig
     assert len(data) == 2 and set(data[0]["maps"]) == {"cross"} and data[0]["aer"] is None
 
 
+# ------------------------------------------------------------------------------------- calibration
+
+
+def _planted(translator, sources, targets, gold_lines, layers: int, heads: int, plant: tuple[int, int]):
+    """Cross-attention per pair, set by hand: head ``plant`` (layer, head) attends from each target piece
+    to the source pieces of the words gold links its word to; every other head attends to the mirrored
+    position with weight 0.9 (wrong, and wrong in their averages too)."""
+    from attnmt.attention_maps import _word_pieces
+    from attnmt.words import membership_of
+
+    src_ids, src_groups, tgt_ids, tgt_groups = _word_pieces(translator, sources, targets, None)
+    out = []
+    for i, line in enumerate(gold_lines):
+        S, T = len(src_ids[i]) + 1, len(tgt_ids[i]) + 1
+        src_words, tgt_words = membership_of(src_groups[i], S - 1), membership_of(tgt_groups[i], T - 1)
+        right = np.full((T, S), 1e-3)
+        for a, b in parse_pharaoh(line)[0]:
+            right[:-1, :-1] += np.outer(tgt_words[:, b] > 0, src_words[:, a] > 0)
+        wrong = np.full((T, S), 0.1 / S)
+        wrong[np.arange(T), (S - 1 - np.arange(T) * S // T).clip(0, S - 1)] += 0.9
+        maps = [np.stack([wrong] * heads) for _ in range(layers)]
+        maps[plant[0]][plant[1]] = right
+        out.append([m / m.sum(-1, keepdims=True) for m in maps])
+    return out
+
+
+def test_calibrate_finds_the_planted_head_and_align_reads_it_by_default(toy, tmp_path, monkeypatch):
+    import attnmt.attention_maps
+
+    runs, files = toy
+    run = tmp_path / "run"
+    shutil.copytree(runs["transformer"], run)
+    gold_lines = lines(files["align"])[:30]
+    for name in ("en", "de", "align"):
+        text = "".join(x + "\n" for x in lines(files[name])[:30])
+        (tmp_path / f"dev.{name}").write_text(text, encoding="utf-8")
+    original = attnmt.attention_maps._cross
+
+    def planted(translator, src_ids, tgt_ids, *args, **kwargs):
+        sources, targets = lines(files["en"])[:30], lines(files["de"])[:30]
+        if len(src_ids) == 30:
+            return _planted(translator, sources, targets, gold_lines, 2, 2, (1, 1))
+        return original(translator, src_ids, tgt_ids, *args, **kwargs)
+
+    monkeypatch.setattr(attnmt.attention_maps, "_cross", planted)
+    dev = ["--src", tmp_path / "dev.en", "--tgt", tmp_path / "dev.de"]
+    result = invoke("align", run, *dev, "--calibrate", tmp_path / "dev.align")
+    assert result.exit_code == 0, result.output
+    assert "chose layer / heads 2 / 2 (AER 0.0000 on 30 pairs" in result.stdout
+    stored = json.loads((run / "alignment.json").read_text(encoding="utf-8"))
+    assert stored["layer"] == 1 and stored["heads"] == [1] and stored["aer"] == 0.0
+    scored = invoke("align", run, *dev, "--gold", tmp_path / "dev.align", "--json")
+    assert scored.exit_code == 0, scored.output
+    score = json.loads(scored.stdout)
+    assert (score["layer"], score["heads"], score["aer"]) == ("2", "2", 0.0)
+    every = invoke("align", run, *dev, "--gold", tmp_path / "dev.align", "--layer", "avg", "--heads", "all",
+                   "--json")  # flags still win over the stored reading
+    assert json.loads(every.stdout)["aer"] > 0.3
+    # A stored reading that is not one is refused with its file named.
+    (run / "alignment.json").write_text('{"layer": "two", "heads": null}', encoding="utf-8")
+    broken = invoke("align", run, *dev)
+    assert broken.exit_code == 3
+    assert "alignment.json: layer must be null" in assert_one_error_line(broken.stderr)
+
+
 # ------------------------------------------------------------------------------------- attribution
 
 
@@ -366,6 +431,9 @@ def test_without_captum_attribution_says_how_to_install_it(toy, monkeypatch):
         ("plot_html_short_tgt", 3, "has 99 lines, but there are 100 sources"),
         ("plot_html_bad_gold", 3, "malformed alignment link"),
         ("plot_html_layer", 2, "--layer: the --html page holds every layer"),
+        ("calibrate_without_tgt", 2, "--calibrate needs --tgt"),
+        ("calibrate_with_layer", 2, "it cannot be used with --layer"),
+        ("calibrate_checkpoint_file", 2, "is not in one"),
         ("attribute_unknown_method", 2, "--method"),
         ("attribute_one_step", 2, "--steps"),
         ("attribute_short_tgt", 3, "has 99"),
@@ -381,6 +449,9 @@ def test_bad_inputs_exit_with_one_error_line(toy, tmp_path, case, code, needle):
     gold = tmp_path / "gold.align"
     corrupt = tmp_path / "model.pt"
     corrupt.write_bytes(b"\x00not a checkpoint" * 10)
+    loose = tmp_path / "loose.pt"  # a checkpoint outside a run folder
+    if case == "calibrate_checkpoint_file":
+        shutil.copy(next((lstm / "checkpoints").glob("step_*.pt")), loose)
     args = {
         "fewer_targets": ["align", lstm, "--src", en, "--tgt", short],
         "bad_gold": ["align", lstm, "--src", en, "--tgt", de, "--gold", gold],
@@ -409,6 +480,11 @@ def test_bad_inputs_exit_with_one_error_line(toy, tmp_path, case, code, needle):
         "plot_html_short_tgt": ["plot", lstm, "--input", en, "--tgt", short, "--html",
                                 tmp_path / "maps.html"],
         "plot_html_layer": ["plot", lstm, "may 1st 2001", "--layer", 1, "--html", tmp_path / "maps.html"],
+        "calibrate_without_tgt": ["align", lstm, "--src", en, "--calibrate", files["align"]],
+        "calibrate_with_layer": ["align", lstm, "--src", en, "--tgt", de, "--calibrate", files["align"],
+                                 "--layer", 1],
+        "calibrate_checkpoint_file": ["align", loose, "--src", en, "--tgt", de, "--calibrate",
+                                      files["align"]],
         "attribute_unknown_method": ["attribute", lstm, "--src", en, "--method", "lime", "-o",
                                      tmp_path / "maps"],
         "attribute_one_step": ["attribute", lstm, "--src", en, "--steps", 1, "--html",

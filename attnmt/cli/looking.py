@@ -1,5 +1,4 @@
-"""Commands that look inside a model: ``plot`` (heatmaps), ``align`` (word alignments), ``attribute``
-(gradient attribution), ``plot-curves``."""
+"""Commands that look inside a model: ``plot`` (heatmaps), ``align`` (word alignments), ``plot-curves``."""
 
 from __future__ import annotations
 
@@ -108,13 +107,13 @@ def plot(
     if gold is not None and tgt is None:
         raise ConfigError("--gold needs --tgt: gold links refer to the target sentences they were made for")
     lines = sentences_or_input(sentences, input_)
-    translator, cfg, _ = open_translator(model, device, beam_size, exports=False)
+    translator, cfg, checkpoint = open_translator(model, device, beam_size, exports=False)
     n_layers, n_heads = attention_layout(cfg.model)
     if self_ and "enc_self" not in n_layers:
         raise ConfigError(f"--self: a {cfg.model.arch} model has no self-attention to draw")
     kinds = ("cross", "enc_self", "dec_self") if self_ else ("cross",)
     if html is not None:
-        _explore(translator, cfg, lines, limit, html, tgt, gold, one_based, kinds)
+        _explore(translator, cfg, checkpoint, lines, limit, html, tgt, gold, one_based, kinds)
         return
     layers = {kind: _check_number("--layer", layer, n_layers[kind], f"{KIND_TITLES[kind]} layers")
               for kind in kinds}
@@ -131,7 +130,7 @@ def plot(
                          "longer than decode.max_src_len pieces were truncated\n")
 
 
-def _explore(translator, cfg, lines, limit, html: Path, tgt: Path | None, gold: Path | None,
+def _explore(translator, cfg, checkpoint: Path, lines, limit, html: Path, tgt: Path | None, gold: Path | None,
              one_based: bool, kinds) -> None:
     """``plot --html``: read the sources (and targets, gold), write the explorer page."""
     from ..alignment import read_gold
@@ -149,37 +148,42 @@ def _explore(translator, cfg, lines, limit, html: Path, tgt: Path | None, gold: 
                             + (f" (--limit {limit})" if limit else ""))
     gold_links = read_gold(gold, len(sources), tgt, one_based, limit) if gold is not None else None
     started = time.perf_counter()
-    done = explore(translator, sources, html, targets, kinds, default_align_options(cfg), gold_links,
-                   f"attnmt: {html.stem}")
+    options = default_align_options(cfg, checkpoint)
+    done = explore(translator, sources, html, targets, kinds, options, gold_links, f"attnmt: {html.stem}")
     seconds = time.perf_counter() - started
     typer.echo(f"wrote {html} ({done.bytes / 1024:,.0f} KB): {done.sentences} sentence(s) in {seconds:.1f} s")
 
 
-def layer_and_heads(cfg, layer: Layer | None = None, heads: Heads | None = None) -> tuple[Layer, Heads]:
-    """``align``'s layer and heads, given or by default: every layer and head, or the layer and heads that
-    ``train.alignment`` taught the model."""
-    guided = cfg.train.alignment
+def layer_and_heads(cfg, layer: Layer | None = None, heads: Heads | None = None,
+                    checkpoint: Path | None = None) -> tuple[Layer, Heads]:
+    """``align``'s layer and heads, given or by default (``attention_maps.default_align_options``): the
+    reading ``align --calibrate`` stored for the run of ``checkpoint``, else the layer and heads that
+    ``train.alignment`` taught the model, else every layer and head."""
+    from ..attention_maps import default_align_options
+
+    default = default_align_options(cfg, checkpoint)
     if layer is None:
-        layer = Layer.parse(str(guided.layer) if guided is not None else "avg")
+        layer = Layer.parse("avg" if default.layer is None else str(default.layer + 1))
     if heads is None:
-        heads = Heads.parse(",".join(map(str, guided.heads)) if guided is not None else "all")
+        heads = Heads.parse("all" if default.heads is None else ",".join(str(h + 1) for h in default.heads))
     return layer, heads
 
 
-def _reading(cfg, layer: Layer | None, heads: Heads | None, which: str = "", **options):
+def _reading(cfg, layer: Layer | None, heads: Heads | None, which: str = "", checkpoint: Path | None = None,
+             **options):
     """(layer, heads, ``AlignOptions``) of one model for ``align``: the layer and heads given, else the
     model's defaults (``layer_and_heads``), checked against the model; ``which`` names it in messages."""
     from ..alignment import AlignOptions
     from ..models import attention_layout
 
-    layer, heads = layer_and_heads(cfg, layer, heads)
+    layer, heads = layer_and_heads(cfg, layer, heads, checkpoint)
     n_layers, n_heads = attention_layout(cfg.model)
     layer.check(n_layers["cross"], which)
     heads.check(n_heads, which)
     return layer, heads, AlignOptions(layer.index, heads.indices, **options)
 
 
-def _check_source(source: AttributionMethod, layer: Layer | None, heads: Heads | None, shift: bool) -> None:
+def check_source(source: AttributionMethod, layer: Layer | None, heads: Heads | None, shift: bool) -> None:
     """``align --from``: a gradient attribution has no layers, heads or shifted rows to choose."""
     if source != AttributionMethod.attention:
         chosen = (("--layer", layer), ("--heads", heads), ("--shift", shift))
@@ -194,17 +198,55 @@ def _check_source(source: AttributionMethod, layer: Layer | None, heads: Heads |
 
 def _reverse_model(model: Path, cfg, reverse: Path, device, beam_size):
     """``align --reverse``: the reverse model and its config, checked to translate the other way."""
-    back, back_cfg, _ = open_translator(reverse, device, beam_size, exports=False)
+    back, back_cfg, back_checkpoint = open_translator(reverse, device, beam_size, exports=False)
     forward_pair = (cfg.data.src_lang, cfg.data.tgt_lang)
     backward_pair = (back_cfg.data.src_lang, back_cfg.data.tgt_lang)
     if backward_pair != forward_pair[::-1]:
         raise ConfigError(f"--reverse {reverse}: it translates {'->'.join(backward_pair)}, but the "
                           f"reverse of {model} ({'->'.join(forward_pair)}) is "
                           f"{'->'.join(forward_pair[::-1])}")
-    return back, back_cfg
+    return back, back_cfg, back_checkpoint
 
 
-@command(inputs=("model", "src", "tgt", "gold", "reverse"),
+def _check_calibrate(tgt: Path | None, given: dict) -> None:
+    if tgt is None:
+        raise ConfigError("--calibrate needs --tgt: the gold links refer to the target sentences they were "
+                          "made for")
+    clash = [name for name, value in given.items() if value]
+    if clash:
+        raise ConfigError(f"--calibrate chooses the layer and heads itself and writes the run folder's "
+                          f"reading; it cannot be used with {clash[0]}")
+
+
+def _calibrate(translator, cfg, checkpoint: Path, sources, targets, gold_path: Path, src: Path,
+               one_based: bool, reading: dict) -> None:
+    """``align --calibrate``: every reading's AER on the dev set, the best stored in the run folder."""
+    from ..alignment import AlignOptions, calibration_file, read_gold
+    from ..attention_maps import calibrate
+    from ..runfiles import atomic_write_text
+
+    path = calibration_file(checkpoint)
+    if path is None:
+        raise ConfigError(f"--calibrate stores its choice in the run folder, but {checkpoint} is not in one "
+                          "(RUN/checkpoints/)")
+    gold = read_gold(gold_path, len(sources), src, one_based)
+    options = AlignOptions(shift=reading["shift"], method=reading["method"], threshold=reading["threshold"],
+                           words=reading["words"])
+    found = calibrate(translator, sources, targets, gold, options)
+    label = lambda layer, heads: (("avg" if layer is None else str(layer + 1)) + " / "  # noqa: E731
+                                  + ("all" if heads is None else ",".join(str(h + 1) for h in heads)))
+    for layer, heads, aer in found.candidates[:10]:
+        typer.echo(f"layer / heads {label(layer, heads):<16} AER {aer:.4f}")
+    record = {"layer": found.layer, "heads": list(found.heads) if found.heads is not None else None,
+              "aer": round(found.aer, 6), "gold": str(gold_path), "sentences": len(sources),
+              "checkpoint": checkpoint.name, "method": reading["method"], "shift": reading["shift"],
+              "words": reading["words"], "candidates": len(found.candidates)}
+    atomic_write_text(path, json.dumps(record, indent=2) + "\n")
+    typer.echo(f"chose layer / heads {label(found.layer, found.heads)} (AER {found.aer:.4f} on "
+               f"{len(sources)} pairs, 1-based); wrote {path}")
+
+
+@command(inputs=("model", "src", "tgt", "gold", "reverse", "calibrate_"),
          outputs={"output": Output(), "hyp_out": Output()})
 def align(
     model: ModelArg,
@@ -248,6 +290,10 @@ def align(
     hyp_out: Annotated[Path | None, typer.Option("--hyp-out", help="Without --tgt: "
                                                  "also write the translations that were aligned.")] = None,
     json_: Annotated[bool, typer.Option("--json", help="With --gold: print the scores as JSON.")] = False,
+    calibrate_: Annotated[Path | None, typer.Option("--calibrate", help="Gold alignments of --src and --tgt "
+                                                    "(a small dev set): score every layer and head reading, "
+                                                    "keep the best in the run folder as the default.",
+                                                    show_default=False)] = None,
     from_: Annotated[AttributionMethod, typer.Option("--from", help="What links are read from: the "
                                                      "cross-attention, or a gradient attribution's source "
                                                      "shares (see attribute).")] = "attention",
@@ -267,8 +313,6 @@ def align(
     from ..alignment import alignment_scores, format_pharaoh, read_gold
     from ..attention_maps import align_corpus
     from ..runfiles import atomic_write_text
-    from .reporting import print_alignment_score
-
     if not 0 < threshold <= 1:
         raise ConfigError(f"--threshold {threshold}: expected a weight in (0, 1]")
     if gold is not None and tgt is None:
@@ -278,19 +322,23 @@ def align(
     if symmetrize_ is not None and reverse is None:
         raise ConfigError("--symmetrize combines two directions: it needs --reverse MODEL")
     symmetrization = (symmetrize_ or Symmetrization.grow_diag_final_and).value
-    _check_source(from_, layer, heads, shift)
+    check_source(from_, layer, heads, shift)
+    if calibrate_ is not None:
+        _check_calibrate(tgt, {"--gold": gold, "--layer": layer, "--heads": heads, "--reverse": reverse,
+                               "--from": from_ != AttributionMethod.attention, "--output": output})
     sources, targets = read_pairs(src, tgt)
     gold_links = read_gold(gold, len(sources), src, one_based) if gold is not None else None
-    translator, cfg, _ = open_translator(model, device, beam_size, exports=False)
+    translator, cfg, checkpoint = open_translator(model, device, beam_size, exports=False)
     reading = {"shift": shift, "method": method.value, "threshold": threshold, "symmetrize": symmetrization,
                "words": word_rule.value, "source": from_.value, "steps": steps}
+    if calibrate_ is not None:
+        return _calibrate(translator, cfg, checkpoint, sources, targets, calibrate_, src, one_based, reading)
     given_layer, given_heads = layer, heads
-    layer, heads, options = _reading(cfg, given_layer, given_heads, **reading)
+    layer, heads, options = _reading(cfg, given_layer, given_heads, "", checkpoint, **reading)
     back, back_options = None, None
-    if reverse is not None:
-        back, back_cfg = _reverse_model(model, cfg, reverse, device, beam_size)
-        # Each model is read with its own defaults (a guided model at the head it was taught).
-        back_options = _reading(back_cfg, given_layer, given_heads, "--reverse ", **reading)[2]
+    if reverse is not None:  # each model read with its own defaults (a guided model at its taught head)
+        back, back_cfg, back_ckpt = _reverse_model(model, cfg, reverse, device, beam_size)
+        back_options = _reading(back_cfg, given_layer, given_heads, "--reverse ", back_ckpt, **reading)[2]
     if targets is None:  # the model's own translations, kept (--hyp-out) before the alignment's work
         targets = translator.best(sources)
         if hyp_out is not None:
@@ -305,86 +353,24 @@ def align(
     if gold_links is None:
         return
     score = alignment_scores(aligned.links, gold_links.sure, gold_links.possible)
+    _print_score(score, json_, src, layer, heads, reading, reverse)
+
+
+def _print_score(score, json_: bool, src: Path, layer: Layer, heads: Heads, reading: dict,
+                 reverse: Path | None) -> None:
+    """``align --gold``'s scores, as a table or as JSON, with the reading they are of."""
+    from .reporting import print_alignment_score
+
+    symmetrization = reading["symmetrize"] if reverse is not None else None
     if json_:
-        typer.echo(json.dumps({**score.as_dict(), "layer": layer.text, "heads": heads.text, "shift": shift,
-                               "method": method.value, "words": word_rule.value, "from": from_.value,
-                               "symmetrize": symmetrization if reverse is not None else None}))
-    else:
-        how = (f"layer {layer.text}, heads {heads.text}" if from_ == "attention" else from_.value)
-        how += (f", {method.value}" + (", shifted" if shift else "")
-               + (f", {symmetrization} with {reverse}" if reverse is not None else ""))
-        print_alignment_score(score, f"alignment of {src} ({how})")
-
-
-@command(inputs=("model", "src", "tgt"), outputs={"output": Output(), "html": Output()})
-def attribute(
-    model: ModelArg,
-    src: Annotated[Path, typer.Option("--src", help="Source sentences, one per line.", show_default=False)],
-    tgt: Annotated[Path | None, typer.Option("--tgt", help="Target sentences to attribute "
-                                             "(default: the model's own translations).")] = None,
-    method: Annotated[AttributionMethod, typer.Option("--method", help="saliency: |gradient|; "
-                                                      "input_x_gradient; integrated_gradients (from zero "
-                                                      "embeddings); attention: cross-attention, every layer "
-                                                      "and head averaged.")] = "integrated_gradients",
-    steps: StepsOpt = 64,
-    limit: Annotated[int | None, typer.Option("--limit", min=1, help="Only the first N pairs.")] = None,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the JSON lines here "
-                                                "(atomically; default: standard output, unless "
-                                                "--html).")] = None,
-    html: Annotated[Path | None, typer.Option("--html", help="Write the explorer page with the attribution "
-                                              "beside the attention.", show_default=False)] = None,
-    beam_size: BeamOpt = None,
-    device: DeviceOpt = "auto",
-) -> None:
-    """For each target piece, the share of each source piece and of the target prefix in its prediction.
-
-    Gradient attribution (captum: pip install 'attnmt[attribute]') of log p(target piece) with respect to
-    the embeddings; a token's score is the L2 norm of its attribution, and each row's scores are shares
-    summing to 1. One JSON object per pair: number, method, src, tgt, tgt_in (pieces), source (a row per
-    target piece: the share of each source piece), prefix (the share of each decoder input), and for
-    integrated gradients delta (per row: the attributions' sum minus the output difference) and gap (the
-    output difference).
-    """
-    from ..attention_maps import attribute_corpus, default_align_options, explore
-
-    if method != AttributionMethod.attention:
-        _check_source(method, None, None, False)
-    sources, targets = read_pairs(src, tgt)
-    if limit is not None:
-        sources, targets = sources[:limit], (targets[:limit] if targets is not None else None)
-    if not sources:
-        raise DataError(f"{src}: no sentences to attribute")
-    translator, cfg, _ = open_translator(model, device, beam_size, exports=False)
-    started = time.perf_counter()
-    with FileProgress(len(sources), "attributing") as progress:
-        done = attribute_corpus(translator, sources, targets, method.value, steps, progress.advance)
-    if html is not None:
-        page = explore(translator, sources, html, done.targets, options=default_align_options(cfg),
-                       title=f"attnmt: {html.stem} ({method.value})", attribution=done)
-        seconds = time.perf_counter() - started
-        typer.echo(f"wrote {html} ({page.bytes / 1024:,.0f} KB): {page.sentences} sentence(s) in "
-                   f"{seconds:.1f} s")
-    if output is not None or html is None:
-        records = _attribution_records(done)
-        write_output(output, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
-
-
-def _attribution_records(done) -> list[dict]:
-    """``attribute``'s JSON objects, one per pair (an empty line: empty lists)."""
-    def rows(matrix):
-        return [[round(float(x), 6) for x in row] for row in matrix]
-
-    records = []
-    for number, (src, tgt, found) in enumerate(zip(done.src, done.tgt, done.found), start=1):
-        record = {"number": number, "method": done.method, "src": src, "tgt": tgt,
-                  "tgt_in": ["<s>"] + tgt[:-1], "source": [], "prefix": []}
-        if found is not None:
-            record.update(source=rows(found.source), prefix=rows(found.prefix))
-            if found.delta is not None:
-                record.update(delta=[round(float(x), 6) for x in found.delta],
-                              gap=[round(float(x), 6) for x in found.gap])
-        records.append(record)
-    return records
+        typer.echo(json.dumps({**score.as_dict(), "layer": layer.text, "heads": heads.text,
+                               **{key: reading[key] for key in ("shift", "method", "words")},
+                               "from": reading["source"], "symmetrize": symmetrization}))
+        return
+    how = f"layer {layer.text}, heads {heads.text}" if reading["source"] == "attention" else reading["source"]
+    how += (f", {reading['method']}" + (", shifted" if reading["shift"] else "")
+            + (f", {symmetrization} with {reverse}" if reverse is not None else ""))
+    print_alignment_score(score, f"alignment of {src} ({how})")
 
 
 @command("plot-curves", inputs=("run_dir",), outputs={"out": Output(own=("curves.png",))})
