@@ -1,0 +1,125 @@
+"""Guided alignment training on a corpus without gold alignments, in one command: train a model, train one
+the other way, align the training corpus with both (``attnmt align --reverse``, grow-diag-final-and),
+train the guided recipe on those links (``train.alignment.path``), and score both models.
+
+    python scripts/bootstrap_guided.py configs/multi30k_de_en_transformer.yaml \\
+        --guided configs/multi30k_de_en_guided.yaml --out runs/bootstrap_de_en --minutes 25
+
+Steps, each skipped when its result is already in ``--out`` (run it again to go on after a stop):
+
+1. ``OUT/forward``: ``attnmt train CONFIG``;
+2. ``OUT/reverse``: the same config with the languages and the sides of every split swapped
+   (``OUT/reverse.yaml``, written from the forward run's resolved config; file-pair corpora only);
+3. ``OUT/train.align``: ``attnmt align OUT/forward --src TRAIN_SRC --tgt TRAIN_TGT --reverse OUT/reverse``,
+   one Pharaoh line per line of the training corpus as read (what ``train.alignment.path`` expects);
+4. ``OUT/guided``: ``attnmt train GUIDED --set train.alignment.path=OUT/train.align``;
+5. ``OUT/summary.json``: test BLEU and chrF of the forward and the guided model (``attnmt eval``, the
+   config's test split, else its dev split), the minutes each step took.
+
+``--minutes`` caps each of the three trainings (``train.max_minutes``), so the whole bootstrap takes a
+little over three times that; ``--set KEY=VALUE`` goes to all three (the tests use it for a few steps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+ATTNMT = [sys.executable, "-m", "attnmt"]
+
+
+def attnmt(*args) -> str:
+    """Run an attnmt command; its stdout, or exit with its own error line and code."""
+    result = subprocess.run([*ATTNMT, *map(str, args)], cwd=REPO, capture_output=True, text=True)
+    if result.returncode != 0:
+        sys.stderr.write(result.stderr)
+        sys.exit(result.returncode)
+    return result.stdout
+
+
+def trained(run_dir: Path) -> bool:
+    return (run_dir / "checkpoints" / "latest.json").exists()
+
+
+def sides(cfg: dict, split: str) -> tuple[Path, Path] | None:
+    """A split's (source, target) files in a resolved config; None when the config has no such split."""
+    source = cfg["data"].get(split)
+    if source is None:
+        return None
+    if not {"src", "tgt"} <= set(source):
+        sys.exit(f"bootstrap_guided: data.{split} is not a file pair ({sorted(source)}); the bootstrap "
+                 f"aligns and reverses corpora given as data.{split}.src and .tgt files")
+    return Path(source["src"]), Path(source["tgt"])
+
+
+def reverse_config(forward_cfg: dict, path: Path) -> Path:
+    """The forward run's resolved config with its direction swapped, written to ``path``."""
+    cfg = json.loads(json.dumps(forward_cfg))
+    data = cfg["data"]
+    data["src_lang"], data["tgt_lang"] = data["tgt_lang"], data["src_lang"]
+    for split in ("train", "dev", "test"):
+        if sides(cfg, split) is not None:
+            data[split]["src"], data[split]["tgt"] = data[split]["tgt"], data[split]["src"]
+    tokenizer = cfg.get("tokenizer", {})
+    tokenizer["src_model"], tokenizer["tgt_model"] = tokenizer.get("tgt_model"), tokenizer.get("src_model")
+    cfg["train"]["alignment"] = None
+    cfg["train"].pop("run_dir", None)
+    cfg["train"].pop("init_from", None)
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False, allow_unicode=True), encoding="utf-8")
+    return path
+
+
+def scores(run_dir: Path, split: tuple[Path, Path]) -> dict:
+    found = json.loads(attnmt("eval", run_dir, "--src", split[0], "--ref", split[1], "--json"))
+    return {entry["metric"]: entry["score"] for entry in found if entry["metric"] in ("bleu", "chrf")}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("config", type=Path, help="the unguided recipe (file-pair corpora)")
+    ap.add_argument("--guided", type=Path, required=True, help="the guided recipe (with train.alignment)")
+    ap.add_argument("--out", type=Path, required=True,
+                    help="folder for the runs, the alignments and the summary")
+    ap.add_argument("--minutes", type=float, default=None, help="train.max_minutes of each training")
+    ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                    help="a config override for all three trainings (repeatable)")
+    args = ap.parse_args()
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    sets = [x for s in args.sets + ([f"train.max_minutes={args.minutes}"] if args.minutes else [])
+            for x in ("--set", s)]
+    minutes: dict[str, float] = {}
+
+    def step(name: str, done: bool, *command) -> None:
+        started = time.perf_counter()
+        if not done:
+            print(f"bootstrap: {name}", flush=True)
+            attnmt(*command)
+        minutes[name] = round((time.perf_counter() - started) / 60, 2)
+
+    forward, reverse, guided, links = out / "forward", out / "reverse", out / "guided", out / "train.align"
+    step("forward", trained(forward), "train", args.config.resolve(), "--run-dir", forward, *sets)
+    cfg = yaml.safe_load((forward / "config.yaml").read_text(encoding="utf-8"))
+    train = sides(cfg, "train")
+    step("reverse", trained(reverse), "train", reverse_config(cfg, out / "reverse.yaml"), "--run-dir",
+         reverse, *sets)
+    step("align", links.exists(), "align", forward, "--src", train[0], "--tgt", train[1],
+         "--reverse", reverse, "-o", links)
+    step("guided", trained(guided), "train", args.guided.resolve(), "--run-dir", guided,
+         "--set", f"train.alignment.path={links}", *sets)
+    test = sides(cfg, "test") or sides(cfg, "dev")
+    summary = {"forward": scores(forward, test), "guided": scores(guided, test), "test": str(test[0]),
+               "alignments": str(links), "minutes": minutes}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    print(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()
