@@ -471,3 +471,30 @@ def test_a_screenshot_is_not_blank(browser, page_url):
     assert colours is not None and len(colours) > 50, f"{len(colours or [])} distinct colours"
     background = max(colours)[0] / (image.width * image.height)
     assert background < 0.95
+
+
+def test_the_attribution_views_draw_their_own_axes(browser, tmp_path):
+    """``attnmt attribute --html``: the source and prefix shares as kinds of one layer of one head, rows that
+    sum to less than 1 (the rest is the other view's), drawn on their own axes."""
+    rng = np.random.default_rng(5)
+    src, tgt = ["▁Ein", "▁Fahr", "rad", "</s>"], ["▁A", "▁bicycle", "</s>"]
+    s = sentence(rng, 1, src, tgt, layers=2, heads=2, kinds=("cross",))
+    total = rng.dirichlet(np.ones(len(src) + len(tgt)), size=len(tgt))  # (T, S + T)
+    prefix = np.tril(total[:, len(src):])
+    total = np.concatenate([total[:, :len(src)], prefix], axis=1)
+    total /= total.sum(1, keepdims=True)
+    s.maps["attribution"] = [total[None, :, :len(src)]]
+    s.maps["attribution_prefix"] = [total[None, :, len(src):]]
+    path = tmp_path / "attribution.html"
+    write_explorer(path, [s])
+    open_page(browser, path.as_uri())
+    assert option_values(browser, "kind") == ["cross", "attribution", "attribution_prefix"]
+    for kind, expected in (("attribution", total[:, :len(src)]), ("attribution_prefix", total[:, len(src):])):
+        choose(browser, "kind", kind)
+        assert option_values(browser, "head") == ["avg", "0"]
+        weights, _ = drawn_cells(browser)
+        np.testing.assert_allclose(weights, expected, atol=HALF_STEP + 1e-6)
+    labels = browser.execute_script(
+        "return [...document.querySelectorAll('#explorer-heatmap .col-label')].map((l) => l.textContent)")
+    assert labels == s.tgt_in
+    assert severe(browser) == []
