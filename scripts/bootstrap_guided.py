@@ -76,6 +76,22 @@ def reverse_config(forward_cfg: dict, path: Path) -> Path:
     return path
 
 
+MARKER = "bootstrap_guided.json"  # in --out: the folder is the bootstrap's own
+
+
+def claim(out: Path) -> Path:
+    """``out``, made the bootstrap's (its marker written first), or exit with one line when it is a folder
+    of something else: the bootstrap writes and skips steps by what it finds there."""
+    if out.exists() and not out.is_dir():
+        sys.exit(f"bootstrap_guided: --out {out} is a file; give a folder")
+    if out.is_dir() and any(out.iterdir()) and not (out / MARKER).exists():
+        sys.exit(f"bootstrap_guided: --out {out} holds files the bootstrap did not write; give a new or "
+                 "empty folder")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MARKER).write_text(json.dumps({"made_by": "scripts/bootstrap_guided.py"}) + "\n", encoding="utf-8")
+    return out
+
+
 def scores(run_dir: Path, split: tuple[Path, Path]) -> dict:
     found = json.loads(attnmt("eval", run_dir, "--src", split[0], "--ref", split[1], "--json"))
     return {entry["metric"]: entry["score"] for entry in found if entry["metric"] in ("bleu", "chrf")}
@@ -91,8 +107,7 @@ def main() -> None:
     ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                     help="a config override for all three trainings (repeatable)")
     args = ap.parse_args()
-    out = args.out.resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    out = claim(args.out.resolve())
     sets = [x for s in args.sets + ([f"train.max_minutes={args.minutes}"] if args.minutes else [])
             for x in ("--set", s)]
     minutes: dict[str, float] = {}

@@ -60,3 +60,20 @@ def test_bootstrap_trains_aligns_both_ways_and_trains_guided(tmp_path):
     # Run again: every step is found done and nothing is trained again.
     again = subprocess.run(command, cwd=REPO, env=OFFLINE_ENV, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and "bootstrap:" not in again.stdout
+
+
+def test_bootstrap_refuses_a_folder_of_someone_elses_files(tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "train.align").write_text("0-0\n", encoding="utf-8")  # would be taken as step 3 done
+    command = [sys.executable, str(REPO / "scripts" / "bootstrap_guided.py"), str(tmp_path / "none.yaml"),
+               "--guided", str(tmp_path / "none.yaml"), "--out"]
+    result = subprocess.run([*command, str(mine)], cwd=REPO, env=OFFLINE_ENV, capture_output=True, text=True)
+    assert result.returncode == 1 and "holds files the bootstrap did not write" in result.stderr
+    assert [p.name for p in mine.iterdir()] == ["train.align"]
+    (tmp_path / "file").write_text("x", encoding="utf-8")
+    result = subprocess.run([*command, str(tmp_path / "file")], cwd=REPO, env=OFFLINE_ENV,
+                            capture_output=True, text=True)
+    assert result.returncode == 1 and "is a file" in result.stderr
+    assert (tmp_path / "file").read_text(encoding="utf-8") == "x"
+

@@ -49,8 +49,7 @@ def attribute(
     """
     from ..attention_maps import attribute_corpus, default_align_options, explore
 
-    if method != AttributionMethod.attention:
-        check_source(method, None, None, False)
+    check_source(method, None, None, False)  # captum, unless the method is attention
     sources, targets = read_pairs(src, tgt)
     if limit is not None:
         sources, targets = sources[:limit], (targets[:limit] if targets is not None else None)
