@@ -53,55 +53,24 @@ import sys
 import time
 from pathlib import Path
 
+from eflomal_align import align_words, corpus_words, read_links, symmetrized, write_links
+
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data" / "multi30k"
 ATTNMT = [sys.executable, "-m", "attnmt"]
 HEURISTIC = "grow-diag-final-and"
 
 
-def read_words(path: Path, limit: int | None = None) -> list[list[str]]:
-    """The words of each line as ``attnmt align`` splits them (the first ``limit`` lines)."""
-    from attnmt.data import read_lines
-    from attnmt.words import segment
-
-    lines = []
-    for line in read_lines(path):
-        if limit is not None and len(lines) == limit:
-            break
-        lines.append([word.text for word in segment(line)])
-    return lines
-
-
-def read_links(path: Path, skip: int = 0) -> list[set[tuple[int, int]]]:
-    from attnmt.alignment import parse_pharaoh
-    from attnmt.data import read_lines
-
-    return [parse_pharaoh(line)[0] for number, line in enumerate(read_lines(path)) if number >= skip]
-
-
-def write_links(path: Path, links: list[set[tuple[int, int]]]) -> None:
-    from attnmt.alignment import format_pharaoh
-
-    path.write_text("".join(format_pharaoh(x) + "\n" for x in links), encoding="utf-8")
-
-
 def eflomal(train: tuple[list, list], split: tuple[list, list], out: Path) -> tuple[float, float, dict]:
     """One eflomal run on train + split, both directions, its files written to ``out``: (seconds in all,
     seconds of eflomal's own call, the split's links by name: forward, reverse, intersection,
     grow-diag-final-and)."""
-    from eflomal import Aligner
-
-    from attnmt.alignment import symmetrize
-
-    src = [" ".join(words) for words in train[0] + split[0]]
-    tgt = [" ".join(words) for words in train[1] + split[1]]
-    fwd, rev = out / "eflomal.all.fwd", out / "eflomal.all.rev"
     started = time.perf_counter()
-    Aligner().align(src, tgt, links_filename_fwd=str(fwd), links_filename_rev=str(rev))
+    found = align_words(train[0] + split[0], train[1] + split[1], out)
     aligned = time.perf_counter() - started
     skip = len(train[0])
-    links = {"forward": read_links(fwd, skip), "reverse": read_links(rev, skip)}  # both (source, target)
-    links[HEURISTIC] = [symmetrize(f, r, HEURISTIC) for f, r in zip(links["forward"], links["reverse"])]
+    links = {name: value[skip:] for name, value in found.items()}  # both (source, target)
+    links[HEURISTIC] = symmetrized(links, HEURISTIC)
     seconds = time.perf_counter() - started
     links["intersection"] = [f & r for f, r in zip(links["forward"], links["reverse"])]
     for name, value in links.items():
@@ -183,9 +152,9 @@ def main() -> None:
         return args.data / f"{split}.{lang}.gz"
 
     src, tgt = side(args.split, args.src_lang), side(args.split, args.tgt_lang)
-    split = (read_words(src), read_words(tgt))
-    train = (read_words(side("train", args.src_lang), args.eflomal_train),
-             read_words(side("train", args.tgt_lang), args.eflomal_train))
+    split = (corpus_words(src), corpus_words(tgt))
+    train = (corpus_words(side("train", args.src_lang), args.eflomal_train),
+             corpus_words(side("train", args.tgt_lang), args.eflomal_train))
     if len(split[0]) != len(split[1]) or len(train[0]) != len(train[1]):
         sys.exit(f"{args.src_lang} and {args.tgt_lang} sides differ in length under {args.data}")
     n = len(split[0])

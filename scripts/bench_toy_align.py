@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 import yaml
+from eflomal_align import align_words, corpus_words, symmetrized, write_links
 
 REPO = Path(__file__).resolve().parents[1]
 ATTNMT = [sys.executable, "-m", "attnmt"]
@@ -68,18 +69,10 @@ def score(model: Path, data: Path, *options) -> dict:
 
 def eflomal_align(src: Path, tgt: Path, out: Path) -> tuple[list[set], float]:
     """eflomal's links of every line of src/tgt (both directions, grow-diag-final-and) and its seconds."""
-    from eflomal import Aligner
-
-    from attnmt.alignment import format_pharaoh, parse_pharaoh, symmetrize
-
-    forward, backward = out.with_suffix(".fwd"), out.with_suffix(".rev")
     started = time.perf_counter()
-    with open(src, encoding="utf-8") as s, open(tgt, encoding="utf-8") as t:
-        Aligner().align(s, t, links_filename_fwd=str(forward), links_filename_rev=str(backward))
-    links = [symmetrize(parse_pharaoh(f)[0], parse_pharaoh(r)[0], "grow-diag-final-and")
-             for f, r in zip(forward.read_text().splitlines(), backward.read_text().splitlines())]
+    links = symmetrized(align_words(corpus_words(src), corpus_words(tgt), out.parent), "grow-diag-final-and")
     seconds = time.perf_counter() - started
-    out.write_text("".join(format_pharaoh(x) + "\n" for x in links), encoding="utf-8")
+    write_links(out, links)
     return links, seconds
 
 

@@ -3,7 +3,7 @@ the other way, align the training corpus with both (``attnmt align --reverse``, 
 train the guided recipe on those links (``train.alignment.path``), and score both models.
 
     python scripts/bootstrap_guided.py configs/multi30k_de_en_transformer.yaml \\
-        --guided configs/multi30k_de_en_guided.yaml --out runs/bootstrap_de_en --minutes 25
+        --guided configs/multi30k_de_en_transformer_guided.yaml --out runs/bootstrap_de_en --minutes 15
 
 Steps, each skipped when its result is already in ``--out`` (run it again to go on after a stop):
 
@@ -12,12 +12,14 @@ Steps, each skipped when its result is already in ``--out`` (run it again to go 
    (``OUT/reverse.yaml``, written from the forward run's resolved config; file-pair corpora only);
 3. ``OUT/train.align``: ``attnmt align OUT/forward --src TRAIN_SRC --tgt TRAIN_TGT --reverse OUT/reverse``,
    one Pharaoh line per line of the training corpus as read (what ``train.alignment.path`` expects);
+   with ``--teacher eflomal``, ``scripts/eflomal_align.py`` writes it instead and step 2 is left out;
 4. ``OUT/guided``: ``attnmt train GUIDED --set train.alignment.path=OUT/train.align``;
 5. ``OUT/summary.json``: test BLEU and chrF of the forward and the guided model (``attnmt eval``, the
    config's test split, else its dev split), the minutes each step took.
 
 ``--minutes`` caps each of the three trainings (``train.max_minutes``), so the whole bootstrap takes a
-little over three times that; ``--set KEY=VALUE`` goes to all three (the tests use it for a few steps).
+little over three times that (twice with eflomal as the teacher); ``--set KEY=VALUE`` goes to all three
+(the tests use it for a few steps).
 """
 
 from __future__ import annotations
@@ -37,11 +39,20 @@ ATTNMT = [sys.executable, "-m", "attnmt"]
 
 def attnmt(*args) -> str:
     """Run an attnmt command; its stdout, or exit with its own error line and code."""
-    result = subprocess.run([*ATTNMT, *map(str, args)], cwd=REPO, capture_output=True, text=True)
+    return run([*ATTNMT, *map(str, args)])
+
+
+def run(command: list[str]) -> str:
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
     if result.returncode != 0:
         sys.stderr.write(result.stderr)
         sys.exit(result.returncode)
     return result.stdout
+
+
+def run_script(name: str, *args) -> str:
+    """Run one of attnmt's scripts (``scripts/NAME``) the way ``attnmt`` runs: its stdout, or exit."""
+    return run([sys.executable, str(REPO / "scripts" / name), *map(str, args)])
 
 
 def trained(run_dir: Path) -> bool:
@@ -104,6 +115,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True,
                     help="folder for the runs, the alignments and the summary")
     ap.add_argument("--minutes", type=float, default=None, help="train.max_minutes of each training")
+    ap.add_argument("--teacher", choices=("attnmt", "eflomal"), default="attnmt",
+                    help="who aligns the training corpus: the forward and a reverse model (default), or "
+                         "eflomal (scripts/eflomal_align.py; no reverse model is trained)")
     ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                     help="a config override for all three trainings (repeatable)")
     args = ap.parse_args()
@@ -112,26 +126,30 @@ def main() -> None:
             for x in ("--set", s)]
     minutes: dict[str, float] = {}
 
-    def step(name: str, done: bool, *command) -> None:
+    def step(name: str, done: bool, run, *command) -> None:
         started = time.perf_counter()
         if not done:
             print(f"bootstrap: {name}", flush=True)
-            attnmt(*command)
+            run(*command)
         minutes[name] = round((time.perf_counter() - started) / 60, 2)
 
     forward, reverse, guided, links = out / "forward", out / "reverse", out / "guided", out / "train.align"
-    step("forward", trained(forward), "train", args.config.resolve(), "--run-dir", forward, *sets)
+    step("forward", trained(forward), attnmt, "train", args.config.resolve(), "--run-dir", forward, *sets)
     cfg = yaml.safe_load((forward / "config.yaml").read_text(encoding="utf-8"))
     train = sides(cfg, "train")
-    step("reverse", trained(reverse), "train", reverse_config(cfg, out / "reverse.yaml"), "--run-dir",
-         reverse, *sets)
-    step("align", links.exists(), "align", forward, "--src", train[0], "--tgt", train[1],
-         "--reverse", reverse, "-o", links)
-    step("guided", trained(guided), "train", args.guided.resolve(), "--run-dir", guided,
+    if args.teacher == "eflomal":
+        step("align", links.exists(), run_script, "eflomal_align.py", "--src", train[0], "--tgt", train[1],
+             "-o", links)
+    else:
+        step("reverse", trained(reverse), attnmt, "train", reverse_config(cfg, out / "reverse.yaml"),
+             "--run-dir", reverse, *sets)
+        step("align", links.exists(), attnmt, "align", forward, "--src", train[0], "--tgt", train[1],
+             "--reverse", reverse, "-o", links)
+    step("guided", trained(guided), attnmt, "train", args.guided.resolve(), "--run-dir", guided,
          "--set", f"train.alignment.path={links}", *sets)
     test = sides(cfg, "test") or sides(cfg, "dev")
     summary = {"forward": scores(forward, test), "guided": scores(guided, test), "test": str(test[0]),
-               "alignments": str(links), "minutes": minutes}
+               "teacher": args.teacher, "alignments": str(links), "minutes": minutes}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     print(json.dumps(summary, indent=2))
 

@@ -10,10 +10,11 @@ import sys
 import yaml
 from helpers import OFFLINE_ENV, REPO, TINY_MODELS, TINY_TRAIN, run_attnmt
 
-from attnmt.alignment import parse_pharaoh
+from attnmt.alignment import alignment_scores, parse_pharaoh
 
 
-def test_bootstrap_trains_aligns_both_ways_and_trains_guided(tmp_path):
+def toy_recipes(tmp_path):
+    """The toy task as files, an unguided and a guided tiny recipe on them, and the command's start."""
     data = tmp_path / "toy"
     assert run_attnmt("toy-data", str(data), "--train-size", "200", "--dev-size", "20",
                       "--test-size", "20").returncode == 0
@@ -30,10 +31,15 @@ def test_bootstrap_trains_aligns_both_ways_and_trains_guided(tmp_path):
     plain.write_text(json.dumps(config), encoding="utf-8")
     config["train"] = {**TINY_TRAIN, "alignment": {"layer": 1, "heads": [1], "weight": 0.5}}
     guided.write_text(json.dumps(config), encoding="utf-8")
+    return data, [sys.executable, str(REPO / "scripts" / "bootstrap_guided.py"), str(plain), "--guided",
+                  str(guided), "--set", "train.max_steps=6", "--set", "train.eval_every=6", "--set",
+                  "train.save_every=6"]
+
+
+def test_bootstrap_trains_aligns_both_ways_and_trains_guided(tmp_path):
+    data, start = toy_recipes(tmp_path)
     out = tmp_path / "boot"
-    command = [sys.executable, str(REPO / "scripts" / "bootstrap_guided.py"), str(plain), "--guided",
-               str(guided), "--out", str(out), "--set", "train.max_steps=6", "--set", "train.eval_every=6",
-               "--set", "train.save_every=6"]
+    command = [*start, "--out", str(out)]
     result = subprocess.run(command, cwd=REPO, env=OFFLINE_ENV, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
@@ -60,6 +66,24 @@ def test_bootstrap_trains_aligns_both_ways_and_trains_guided(tmp_path):
     # Run again: every step is found done and nothing is trained again.
     again = subprocess.run(command, cwd=REPO, env=OFFLINE_ENV, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and "bootstrap:" not in again.stdout
+
+
+def test_bootstrap_with_eflomal_as_the_teacher(tmp_path):
+    data, start = toy_recipes(tmp_path)
+    out = tmp_path / "boot"
+    result = subprocess.run([*start, "--out", str(out), "--teacher", "eflomal"], cwd=REPO, env=OFFLINE_ENV,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    assert summary["teacher"] == "eflomal" and set(summary["minutes"]) == {"forward", "align", "guided"}
+    assert not (out / "reverse").exists()
+    # eflomal's links on the toy corpus: one line per line, close to the gold (a tiny model's would not be).
+    predicted = [parse_pharaoh(x)[0] for x in (out / "train.align").read_text(encoding="utf-8").splitlines()]
+    gold = [parse_pharaoh(x) for x in (data / "train.align").read_text(encoding="utf-8").splitlines()]
+    assert len(predicted) == len(gold) == 200
+    assert alignment_scores(predicted, [s for s, _ in gold], [s | p for s, p in gold]).aer < 0.2
+    records = [json.loads(x) for x in (out / "guided" / "metrics.jsonl").read_text().splitlines()]
+    assert any("align_loss" in r for r in records if r.get("event") == "train")
 
 
 def test_bootstrap_refuses_a_folder_of_someone_elses_files(tmp_path):
