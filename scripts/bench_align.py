@@ -107,6 +107,42 @@ def agreement(predicted: list, references: dict) -> dict:
     return scores
 
 
+BUCKETS = ("1 piece", "2 pieces", "3+ pieces", "with an apostrophe")
+
+
+def word_buckets(words: list[list[str]], encode) -> list[list[tuple[str, ...]]]:
+    """Per line, per word, the buckets it falls in: by its pieces under the model's tokenizer (a German
+    compound is usually 3+) and whether an apostrophe sits inside it (a French elision: l'homme)."""
+    flat = [w for line in words for w in line]
+    pieces = iter(encode(flat) if flat else [])
+    out = []
+    for line in words:
+        out.append([])
+        for word in line:
+            n = len(next(pieces))
+            buckets = (BUCKETS[min(n, 3) - 1],) if n else ()
+            out[-1].append(buckets + ((BUCKETS[3],) if re.search(r"\w['’]\w", word) else ()))
+    return out
+
+
+def by_buckets(predicted: list, reference: list, buckets: list, side: int) -> dict:
+    """Precision, recall and F1 against ``reference`` of the links whose word on ``side`` (0 source, 1
+    target) is in each bucket."""
+    found = {b: [0, 0, 0] for b in BUCKETS}  # predicted, reference, both
+    for pred, ref, line in zip(predicted, reference, buckets):
+        for k, links in enumerate((pred, ref)):
+            for link in links:
+                for b in line[link[side]] if link[side] < len(line) else ():
+                    found[b][k] += 1
+                    found[b][2] += k == 0 and link in ref
+    scores = {}
+    for b, (n_pred, n_ref, both) in found.items():
+        p, r = both / n_pred if n_pred else 0.0, both / n_ref if n_ref else 0.0
+        scores[b] = {"precision": round(p, 4), "recall": round(r, 4), "reference": n_ref,
+                     "f1": round(2 * p * r / (p + r), 4) if p + r else 0.0}
+    return scores
+
+
 def variants(layers: list[int], with_reverse: bool) -> list[tuple[str, list[str], bool]]:
     """(name, ``attnmt align`` flags, aligned both ways) of each configuration, in the order they run."""
     one_way = [("avg, mutual", []), ("avg, argmax", ["--method", "argmax"]),
@@ -204,6 +240,11 @@ def main() -> None:
              "all_sents_per_s": round(n_all / took, 1),
              "file": str(args.out / f"eflomal.{HEURISTIC}.txt"),
              "agreement": agreement(references[HEURISTIC], references), "self_f1_other_rounds": self_f1}]
+    from attnmt.tokenizer import load_tokenizer
+
+    # The model's pieces: its run folder's tokenizer (a checkpoint lies in RUN/checkpoints/).
+    tokenizer = load_tokenizer((args.model if args.model.is_dir() else args.model.parents[1]) / "tokenizer")
+    buckets = (word_buckets(split[0], tokenizer.encode_src), word_buckets(split[1], tokenizer.encode_tgt))
     for name, _, both in runs:
         predicted = read_links(outputs[name])
         if len(predicted) != n:
@@ -214,7 +255,9 @@ def main() -> None:
                      "sentences": n, "sents_per_s": round(n / took, 1),
                      "net_sents_per_s": round(n / (took - overhead), 1) if took > overhead else None,
                      "command": commands[name], "file": str(outputs[name]),
-                     "agreement": agreement(predicted, references)})
+                     "agreement": agreement(predicted, references),
+                     **{f"by_{side}_word": by_buckets(predicted, references[HEURISTIC], buckets[k], k)
+                        for k, side in enumerate(("source", "target"))}})
 
     results = {"split": args.split, "pairs": n, "eflomal_train": len(train[0]), "threads": args.threads,
                "runs": args.runs, "device": args.device, "model": str(args.model),
@@ -240,6 +283,14 @@ def main() -> None:
               f"| {fmt(r.get('net_sents_per_s'))} | {fmt(r.get('all_sents_per_s'))} | {ref['precision']:.3f} "
               f"| {ref['recall']:.3f} | {ref['f1']:.3f} | {ref['aer']:.3f} | {a['forward']['f1']:.3f} "
               f"| {a['intersection']['f1']:.3f} |")
+    for side in ("source", "target"):
+        print(f"\nF1 against eflomal by the {side} word (pieces under the model's tokenizer; an apostrophe "
+              "inside: an elision), links in the reference:\n")
+        print("| aligner | " + " | ".join(BUCKETS) + " |\n|---|" + "---:|" * len(BUCKETS))
+        for r in (rows[1], best) if best is not rows[1] else (best,):
+            cells = r[f"by_{side}_word"]
+            print(f"| {r['aligner']} | " + " | ".join(f"{cells[b]['f1']:.3f} ({cells[b]['reference']})"
+                                                   for b in BUCKETS) + " |")
     if self_f1:
         print("\neflomal's other rounds (other seeds) against the reference: F1 "
               + ", ".join(f"{x:.3f}" for x in self_f1))

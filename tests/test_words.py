@@ -126,3 +126,33 @@ def toy_chinese_tokenizer():
     cfg = TokenizerConfig(vocab_size=400, hard_vocab_limit=False, character_coverage=0.9995,
                           byte_fallback=True)
     return train_tokenizer(english, chinese, cfg)
+
+
+@pytest.mark.parametrize("normalization", ["nmt_nfkc", "identity"])
+def test_compounds_and_elisions_are_one_word_each_and_read_as_training_reads_them(normalization):
+    """A German compound cut into several pieces and a French elision (l'entrée, with a straight or a
+    typographic apostrophe) are each one word of ``align`` and ``plot --words``; encoding a line word by
+    word (as ``align`` does) gives exactly the pieces of the whole line (as training read it)."""
+    from attnmt.config import TokenizerConfig
+    from attnmt.tokenizer import train_tokenizer
+
+    german = ["ein Mann bedient ein Antriebsradsystem", "die Fußballspieler spielen", "ein Schutzhelm",
+              "Fußball und Rad", "der Spieler mit dem Helm"] * 30
+    french = ["l'homme entre dans l'entrée", "d'une maison", "l’entrée de l’école", "un homme et une école",
+              "il s'est assis"] * 30
+    cfg = TokenizerConfig(vocab_size=60, hard_vocab_limit=False, normalization=normalization)
+    tokenizer = train_tokenizer(german, french, cfg)
+    for encode, to_pieces, line in (
+            (tokenizer.encode_src, tokenizer.src_pieces, "die Fußballspieler bedienen ein Antriebsradsystem"),
+            (tokenizer.encode_tgt, tokenizer.tgt_pieces, "l'homme s'est assis dans l’entrée d'une école")):
+        ids, specs = words.words_to_pieces(encode, [line], to_pieces)
+        assert ids[0] == encode([line])[0]
+        tokens = line.split()
+        assert words.word_count(specs[0]) == len(tokens)
+        groups, labels = words.piece_words(to_pieces(ids[0]))
+        assert groups == specs[0]  # plot --words groups the pieces as align does
+        assert labels == [tokenizer.normalize_tgt(t) if encode == tokenizer.encode_tgt
+                          else tokenizer.normalize_src(t) for t in tokens]
+        assert max(len(g) for g in groups) >= 3  # the compounds and elisions really are cut
+        merged = words.merge(weights(2, 3, len(ids[0])), [[0], [1, 2]], groups)
+        np.testing.assert_allclose(merged.sum(-1), 1.0)
