@@ -275,7 +275,7 @@ class Attributed:
 
 def attribute_corpus(translator: Translator, sources: Sequence[str], targets: Sequence[str] | None = None,
                      method: str = "integrated_gradients", steps: int = 64,
-                     on_pair: Callable[[int], None] | None = None) -> Attributed:
+                     on_pair: Callable[[int], None] | None = None, workers: int | None = None) -> Attributed:
     """``attnmt attribute``: each pair's attribution by ``method`` (``attribution.METHODS``; the model's
     own translation unless ``targets`` are given), on the pieces ``align`` reads the lines as."""
     if targets is None:
@@ -289,7 +289,7 @@ def attribute_corpus(translator: Translator, sources: Sequence[str], targets: Se
         results = [from_attention(pair_maps["cross"]) for pair_maps in maps]
     else:
         results = attribute_pairs(translator.model, *chosen, method, translator.device, steps,
-                                  translator.decode.max_tokens, on_pair)
+                                  translator.decode.max_tokens, on_pair, workers)
     found: list[Attribution | None] = [None] * len(sources)
     for i, result in zip(pairs, results):
         found[i] = result

@@ -29,16 +29,18 @@ def default_workers() -> int:
         return os.cpu_count() or 1
 
 
-def ordered_map(fn: Callable[[In], Out], items: Iterable[In], workers: int, inline: int = 2) -> Iterator[Out]:
+def ordered_map(fn: Callable[[In], Out], items: Iterable[In], workers: int, inline: int = 2,
+                initializer: Callable | None = None, initargs: tuple = ()) -> Iterator[Out]:
     """``fn(item)`` for each of ``items``, in order; ``fn`` must be a module-level function (it is sent to
-    the workers by name)."""
+    the workers by name). ``initializer(*initargs)`` runs once in each worker (never in this process, so
+    with it the caller must not let the stream be done inline: ``inline=0``, ``workers`` > 1)."""
     items = iter(items)
     head = list(itertools.islice(items, inline + 1))
     if workers <= 1 or len(head) <= inline:
         yield from map(fn, itertools.chain(head, items))
         return
     context = multiprocessing.get_context("spawn")
-    with context.Pool(workers) as pool:
+    with context.Pool(workers, initializer, initargs) as pool:
         pending: deque = deque()
         for item in itertools.chain(head, items):
             pending.append(pool.apply_async(fn, (item,)))

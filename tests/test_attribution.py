@@ -143,6 +143,19 @@ def test_pairs_are_independent_of_their_neighbours_and_the_model_mode_is_restore
     assert pairs[0].source.shape == (4, 5) and pairs[1].source.shape == (3, 4)
 
 
+def test_worker_processes_give_what_one_process_gives():
+    model = tiny_model("transformer", dtype=torch.float32).train()
+    src, tgt = [SRC, [4, 3, 12], [7, 5], [6]], [TGT, [13, 14], [9], [10, 11, 12, 13]]
+    here = attribute_pairs(model, src, tgt, "integrated_gradients", steps=8, workers=1)
+    seen = []
+    spread = attribute_pairs(model, src, tgt, "integrated_gradients", steps=8, workers=2, on_pair=seen.append)
+    assert model.training and seen == [1, 1, 1, 1]
+    for a, b in zip(here, spread, strict=True):
+        np.testing.assert_allclose(b.source, a.source, rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(b.prefix, a.prefix, rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(b.delta, a.delta, rtol=1e-5, atol=1e-7)
+
+
 def test_attention_method_is_the_mean_of_every_layer_and_head():
     rng = np.random.default_rng(0)
     cross = [rng.dirichlet(np.ones(5), size=(2, 4)) for _ in range(3)]  # 3 layers of (H 2, T 4, S 5)

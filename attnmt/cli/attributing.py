@@ -37,6 +37,8 @@ def attribute(
                                               "beside the attention.", show_default=False)] = None,
     beam_size: BeamOpt = None,
     device: DeviceOpt = "auto",
+    workers: Annotated[int | None, typer.Option(
+        min=1, max=1024, help="Processes that attribute on the CPU (default: one per core).")] = None,
 ) -> None:
     """For each target piece, the share of each source piece and of the target prefix in its prediction.
 
@@ -58,7 +60,7 @@ def attribute(
     translator, cfg, checkpoint = open_translator(model, device, beam_size, exports=False)
     started = time.perf_counter()
     with FileProgress(len(sources), "attributing") as progress:
-        done = attribute_corpus(translator, sources, targets, method.value, steps, progress.advance)
+        done = attribute_corpus(translator, sources, targets, method.value, steps, progress.advance, workers)
     if html is not None:
         options = default_align_options(cfg, checkpoint)
         page = explore(translator, sources, html, done.targets, options=options,
