@@ -22,7 +22,7 @@ from pydantic import StrictStr as Str
 from .choices import Device
 from .config_errors import describe
 from .errors import ConfigError
-from .languages import default_byte_fallback, default_coverage
+from .languages import tokenizer_defaults
 from .yaml12 import parse_yaml, read_yaml_file
 
 # Strict float: accepts 3 or 3.0 but not "3" or true; finite only (.nan and .inf are mistakes here).
@@ -126,10 +126,10 @@ class TokenizerConfig(Section):
     byte_fallback: Bool | None = None
     """Characters without a piece become UTF-8 byte pieces instead of <unk>; default: on when a side is
     CJK."""
-    normalization: Literal["nmt_nfkc", "nfkc", "nmt_nfkc_cf", "nfkc_cf", "identity"] = "nmt_nfkc"
-    """sentencepiece's normalization rule, kept in the model and applied to every line it encodes. The
-    default NFKC folds full-width punctuation (？，！) into ASCII, so a Chinese target never gets it back;
-    ``identity`` keeps the text as cleaned (NFC)."""
+    normalization: Literal["nmt_nfkc", "nfkc", "nmt_nfkc_cf", "nfkc_cf", "identity"] | None = None
+    """sentencepiece's rule, kept in the model and applied to every line it encodes; default by language:
+    ``identity`` (the text as cleaned, NFC) when a side is CJK, else ``nmt_nfkc``, whose NFKC folds
+    full-width punctuation (？，！) into ASCII, so a Chinese target would never get it back."""
     sample_size: PositiveInt = 1_000_000
     """Train sentencepiece on at most this many sentences (sampled) per model."""
     hard_vocab_limit: Bool = True
@@ -361,10 +361,9 @@ def _resolve_defaults(cfg: Config, source: str, lines: dict[tuple[str, ...], int
     a shared embedding over separate vocabularies is refused (it would tie unrelated pieces)."""
     _resolve_alignment(cfg, source, lines, overrides)
     tok, langs = cfg.tokenizer, (cfg.data.src_lang, cfg.data.tgt_lang)
-    if tok.character_coverage is None:
-        tok.character_coverage = min(default_coverage(lang) for lang in langs)
-    if tok.byte_fallback is None:
-        tok.byte_fallback = any(default_byte_fallback(lang) for lang in langs)
+    for key, value in tokenizer_defaults(langs).items():
+        if getattr(tok, key) is None:
+            setattr(tok, key, value)
     if tok.joint or not cfg.model.share_embeddings:
         return
     if "share_embeddings" not in cfg.model.model_fields_set:

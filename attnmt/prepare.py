@@ -85,12 +85,14 @@ def obtain_tokenizer(cfg: Config, run: RunDir, train: Spooled) -> tuple[Tokenize
             raise CheckpointError(f"{meta_path}: unreadable tokenizer metadata "
                                   f"({type(e).__name__})") from None
         # A key that a tokenizer folder from an older attnmt does not record had its old default then.
-        changed = [f"{k}: {stored.get(k, LEGACY_SETTINGS.get(k))!r} -> {v!r}" for k, v in settings.items()
-                   if stored.get(k, LEGACY_SETTINGS.get(k)) != v]
-        if changed:
+        before = {k: stored.get(k, LEGACY_SETTINGS.get(k)) for k in settings}
+        changed = [k for k, v in settings.items() if before[k] != v]
+        if changed:  # a default that follows the language may have changed since (normalization, for CJK)
             raise ConfigError(
                 f"{run.tokenizer}: this run's tokenizer was trained with other settings "
-                f"({'; '.join(changed)}); use another --run-dir or remove that folder"
+                f"({'; '.join(f'{k}: {before[k]!r} -> {settings[k]!r}' for k in changed)}); to go on with it "
+                f"set {', '.join(f'tokenizer.{k}: {json.dumps(before[k])}' for k in changed)}, or use "
+                "another --run-dir"
             )
         return load_tokenizer(run.tokenizer), "loaded"
     samples = tokenizer_sample(train, cfg.tokenizer, cfg.train.seed)

@@ -116,7 +116,9 @@ def data_to_prepare(cfg: Config, run: RunDir) -> bool:
                          {s: getattr(cfg, s).model_dump(mode="json") for s in sections})
     if changes:
         raise ConfigError(f"{run.root}: this run was prepared with other data or tokenizer settings "
-                          f"({'; '.join(changes[:3])}); use another --run-dir")
+                          f"({'; '.join(changes[:3])}); set them back to go on with this run (a default "
+                          "that follows the languages may have changed: tokenizer.normalization for CJK), "
+                          "or use another --run-dir")
     return False
 
 

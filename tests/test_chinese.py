@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from typer.testing import CliRunner
 
 from attnmt.cli import app
 from attnmt.languages import is_cjk_char
+from attnmt.tokenizer import META_FILE
 
 CODES = ["zh", "zh-CN", "zh-TW", "zh-Hans", "zh-Hant", "zho", "chi", "cmn", "ZH-cn", "Cmn"]
 TINY = {"arch": "transformer", "d_model": 32, "n_heads": 2, "enc_layers": 1, "dec_layers": 1, "d_ff": 64,
@@ -73,8 +75,30 @@ def test_prepare_takes_the_chinese_defaults_and_leaves_nothing_unknown(runs):
     for name in ("en_zh", "zh_en"):
         resolved = (made[name] / "config.yaml").read_text(encoding="utf-8")
         assert "character_coverage: 0.9995" in resolved and "byte_fallback: true" in resolved
+        assert "normalization: identity" in resolved  # ？，！ kept: NFKC would fold them into ASCII
         stats = json.loads((made[name] / "data" / "stats.json").read_text(encoding="utf-8"))
         assert all(s["src_unk_rate"] == 0 and s["tgt_unk_rate"] == 0 for s in stats), stats
+
+
+def test_a_run_whose_tokenizer_predates_the_chinese_normalization_says_how_to_go_on(runs, tmp_path):
+    """A tokenizer folder from before ``normalization`` was recorded was trained with NFKC; the default for
+    a Chinese side is now identity, so prepare refuses and names the setting that keeps the old one."""
+    made, files = runs
+    old = tmp_path / "old"
+    shutil.copytree(made["en_zh"], old)
+    meta = old / "tokenizer" / META_FILE
+    record = json.loads(meta.read_text(encoding="utf-8"))
+    del record["settings"]["normalization"]
+    meta.write_text(json.dumps(record), encoding="utf-8")
+    before = {p: p.read_bytes() for p in old.rglob("*") if p.is_file()}
+    config = files.parent / "en_zh.yaml"
+    refused = invoke("prepare", config, "--run-dir", old)
+    assert refused.exit_code == 2, refused.output
+    assert "normalization: 'nmt_nfkc' -> 'identity'" in refused.output
+    assert 'set tokenizer.normalization: "nmt_nfkc"' in refused.output
+    assert {p: p.read_bytes() for p in old.rglob("*") if p.is_file()} == before
+    kept = invoke("prepare", config, "--run-dir", old, "--set", "tokenizer.normalization=nmt_nfkc")
+    assert kept.exit_code == 0, kept.output
 
 
 def test_validation_scores_chinese_with_the_zh_tokenizer(runs):

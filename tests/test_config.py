@@ -465,15 +465,17 @@ def test_dumped_config_round_trips(tmp_path):
 
 
 def test_sentencepiece_defaults_follow_the_languages(tmp_path):
-    german = load_text(tmp_path, BASE.format(arch="transformer"))
-    assert german.tokenizer.character_coverage == 1.0 and german.tokenizer.byte_fallback is False
+    german = load_text(tmp_path, BASE.format(arch="transformer")).tokenizer
+    assert german.character_coverage == 1.0 and german.byte_fallback is False
+    assert german.normalization == "nmt_nfkc"
     for code in ("zh", "zh-Hant", "cmn", "ja", "ko"):
         text = BASE.format(arch="transformer").replace("tgt_lang: de", f"tgt_lang: {code}")
         chinese = load_text(tmp_path, text).tokenizer
         assert chinese.character_coverage == 0.9995 and chinese.byte_fallback is True, code
-    given = load_text(tmp_path, with_line("tokenizer", "character_coverage: 0.98").replace("tgt_lang: de",
-                                                                                          "tgt_lang: zh"))
-    assert given.tokenizer.character_coverage == 0.98
+        assert chinese.normalization == "identity", code  # keeps ？，！ (NFKC would fold them)
+    given = load_text(tmp_path, with_line("tokenizer", "character_coverage: 0.98\n  normalization: nfkc")
+                      .replace("tgt_lang: de", "tgt_lang: zh"))
+    assert given.tokenizer.character_coverage == 0.98 and given.tokenizer.normalization == "nfkc"
 
 
 def test_shared_embeddings_follow_the_tokenizer_when_not_given(tmp_path):
