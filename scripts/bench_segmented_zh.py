@@ -1,0 +1,97 @@
+"""Pre-segmented Chinese on a real model: ``attnmt align`` with a segmenter's words against ``attnmt align``
+with characters, and against eflomal on the same words.
+
+    python scripts/bench_segmented_zh.py RUN --src test.en --tgt test.zh --segmented test.seg.zh \\
+        --train-src train.en --train-segmented train.seg.zh
+
+``--segmented`` is ``--tgt`` split into words by any segmenter (the README used jieba; attnmt needs
+none): the same characters, spaces between words. attnmt aligns ``--src`` with both (the Chinese side is
+the target of RUN, or its source with ``--chinese-source``); each character link is then projected onto the
+segmenter's word that holds the character, and the word links are scored against the projection (F1: do
+the two readings say the same?). With ``--train-src/--train-segmented``, eflomal
+(``scripts/eflomal_align.py``: the training pairs and the test pairs together, grow-diag-final-and) gives
+reference links on the segmenter's words, and attnmt's word links get precision, recall and F1 against
+them. Times are wall seconds of each whole command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from eflomal_align import align_words, corpus_words, read_links, symmetrized
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def align(run: Path, src: Path, tgt: Path, out: Path) -> float:
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "attnmt", "align", str(run), "--src", str(src), "--tgt",
+                           str(tgt), "-o", str(out)], cwd=REPO, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(done.stderr.strip())
+    return time.perf_counter() - started
+
+
+def projected(char_links: list[set], raw: list[list[str]], words: list[list[str]], side: int) -> list[set]:
+    """Character links with the Chinese index (``side``) replaced by the index of the word holding it."""
+    out = []
+    for links, chars, segmented in zip(char_links, raw, words):
+        owner = [w for w, word in enumerate(segmented) for _ in word]
+        start, first = 0, []
+        for char in chars:  # a "character word" may be a run of Latin letters: its first character counts
+            first.append(owner[start] if start < len(owner) else None)
+            start += len(char)
+        out.append({tuple(first[link[side]] if k == side else link[k] for k in (0, 1)) for link in links
+                    if link[side] < len(first) and first[link[side]] is not None})
+    return out
+
+
+def scores(predicted: list[set], reference: list[set]) -> str:
+    from attnmt.alignment import alignment_scores
+
+    s = alignment_scores(predicted, reference, reference)
+    f1 = 2 * s.precision * s.recall / (s.precision + s.recall) if s.precision + s.recall else 0.0
+    return f"P {s.precision:.3f} R {s.recall:.3f} F1 {f1:.3f} ({s.predicted:,} links against {s.sure:,})"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("run", type=Path, help="a run folder or checkpoint with Chinese on one side")
+    ap.add_argument("--src", type=Path, required=True, help="the other language, one sentence a line")
+    ap.add_argument("--tgt", type=Path, required=True, help="the Chinese side, unsegmented")
+    ap.add_argument("--segmented", type=Path, required=True, help="--tgt split into words by a segmenter")
+    ap.add_argument("--chinese-source", action="store_true", help="RUN translates from Chinese")
+    ap.add_argument("--train-src", type=Path, help="training pairs for eflomal: the other language")
+    ap.add_argument("--train-segmented", type=Path, help="training pairs for eflomal: Chinese, segmented")
+    args = ap.parse_args()
+    side = 0 if args.chinese_source else 1
+    raw, words = corpus_words(args.tgt), corpus_words(args.segmented)
+    if ["".join(x) for x in raw] != ["".join(x) for x in words]:
+        sys.exit(f"{args.segmented}: not the characters of {args.tgt} split into words")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp)
+        pair = (lambda zh: (zh, args.src)) if args.chinese_source else (lambda zh: (args.src, zh))
+        took_words = align(args.run, *pair(args.segmented), out / "words.align")
+        took_chars = align(args.run, *pair(args.tgt), out / "chars.align")
+        by_words = read_links(out / "words.align")
+        by_chars = projected(read_links(out / "chars.align"), raw, words, side)
+        print(f"{len(words):,} pairs; attnmt align with words {took_words:.1f} s, with characters "
+              f"{took_chars:.1f} s")
+        print(f"word links against character links projected onto words: {scores(by_words, by_chars)}")
+        if args.train_src and args.train_segmented:
+            other = corpus_words(args.train_src) + corpus_words(args.src)
+            chinese = corpus_words(args.train_segmented) + words
+            src, tgt = (chinese, other) if args.chinese_source else (other, chinese)
+            started = time.perf_counter()
+            reference = symmetrized(align_words(src, tgt, out), "grow-diag-final-and")[-len(words):]
+            print(f"eflomal on {len(src):,} pairs in {time.perf_counter() - started:.1f} s; attnmt's word "
+                  f"links against its grow-diag-final-and: {scores(by_words, reference)}")
+
+
+if __name__ == "__main__":
+    main()
