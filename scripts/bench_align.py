@@ -29,6 +29,9 @@ and the model files into the page cache), ``--runs`` (3) rounds each time every 
 order of the table, and each time is the median over rounds, so a slow spell of a shared machine falls on
 all of them; eflomal's links are those of the last round (the files in ``--out``), and its other rounds'
 F1 against them shows how much its seeds alone move it. ``--threads`` (2) OpenMP/torch threads for both.
+Each attnmt row also gets its F1 by the source and by the target word: by the word's pieces under the
+model's tokenizer (1, 2, 3 or more: a long German compound is cut into several) and for words with an
+apostrophe inside (French elisions such as l'homme).
 
 Reproduce: the extra (``pip install -e '.[align]'``, i.e. ``pip install eflomal==2.0.0``: an sdist that
 compiles C with gcc and OpenMP, ``-march=native``), then the two models, 15 minutes each, one after the
