@@ -184,8 +184,8 @@ def attribute_pairs(model, src_ids: Sequence[Sequence[int]], tgt_ids: Sequence[S
     in two processes of one thread against 63 s in one of two, start-up included)."""
     was_training = model.training
     model.eval()
-    workers = default_workers() if workers is None else workers
     jobs = [(src, tgt, method, steps, max_tokens) for src, tgt in zip(src_ids, tgt_ids)]
+    workers = min(default_workers() if workers is None else workers, len(jobs))  # a process per pair at most
     try:
         if workers > 1 and len(jobs) > 2 and torch.device(device).type == "cpu":
             threads = max(1, torch.get_num_threads() // workers)
