@@ -31,6 +31,7 @@ shares that sum to 1 over the source pieces and the target prefix.
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -178,19 +179,22 @@ def attribute_pairs(model, src_ids: Sequence[Sequence[int]], tgt_ids: Sequence[S
     """``attribute_pair`` for each pair, with the model in eval mode (restored after), in its own dtype (the
     log-probabilities in at least float32).
 
-    On the CPU the pairs are spread over ``workers`` spawned processes (default: one per core), each with
+    On the CPU the pairs are spread over ``workers`` spawned processes (default: one per core, at most
+    ``torch.get_num_threads()``), each with
     a copy of the model and an equal share of the cores' threads: the small matrices of one pair keep two
     threads of one process only partly busy (on 2 cores, 100 toy pairs by integrated gradients took 54 s
     in two processes of one thread against 63 s in one of two, start-up included)."""
     was_training = model.training
     model.eval()
     jobs = [(src, tgt, method, steps, max_tokens) for src, tgt in zip(src_ids, tgt_ids)]
-    workers = min(default_workers() if workers is None else workers, len(jobs))  # a process per pair at most
+    if workers is None:  # one per core, but never more than the threads torch was given (OMP_NUM_THREADS)
+        workers = min(default_workers(), torch.get_num_threads())
+    workers = min(workers, len(jobs))  # a process per pair at most
     try:
         if workers > 1 and len(jobs) > 2 and torch.device(device).type == "cpu":
             threads = max(1, torch.get_num_threads() // workers)
             found = ordered_map(_attribute_job, jobs, workers, inline=0, initializer=_start_worker,
-                                initargs=(model, threads))
+                                initargs=(_model_bytes(model), threads))
         else:
             found = (attribute_pair(model, *job[:3], device, *job[3:]) for job in jobs)
         out = []
@@ -206,9 +210,17 @@ def attribute_pairs(model, src_ids: Sequence[Sequence[int]], tgt_ids: Sequence[S
 _WORKER_MODEL: list = []  # in a worker process: the model it attributes with
 
 
-def _start_worker(model, threads: int) -> None:
+def _model_bytes(model) -> bytes:
+    """The model as bytes, for the workers: a copy through the pipe (handing them the tensors themselves
+    would put the weights in shared memory, which a container may hold at 64 MB)."""
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    return buffer.getvalue()
+
+
+def _start_worker(model: bytes, threads: int) -> None:
     torch.set_num_threads(threads)
-    _WORKER_MODEL[:] = [model]
+    _WORKER_MODEL[:] = [torch.load(io.BytesIO(model), weights_only=False)]  # attnmt's own model, just saved
 
 
 def _attribute_job(job: tuple) -> Attribution:

@@ -15,7 +15,11 @@ import multiprocessing
 import os
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import TypeVar
+
+from .errors import ResourceError
 
 In = TypeVar("In")
 Out = TypeVar("Out")
@@ -33,21 +37,33 @@ def ordered_map(fn: Callable[[In], Out], items: Iterable[In], workers: int, inli
                 initializer: Callable | None = None, initargs: tuple = ()) -> Iterator[Out]:
     """``fn(item)`` for each of ``items``, in order; ``fn`` must be a module-level function (it is sent to
     the workers by name). ``initializer(*initargs)`` runs once in each worker (never in this process, so
-    with it the caller must not let the stream be done inline: ``inline=0``, ``workers`` > 1)."""
+    with it the caller must not let the stream be done inline: ``inline=0``, ``workers`` > 1). A worker
+    that dies (killed for memory, or its initializer failed) is a ResourceError, never a wait for ever."""
     items = iter(items)
     head = list(itertools.islice(items, inline + 1))
     if workers <= 1 or len(head) <= inline:
         yield from map(fn, itertools.chain(head, items))
         return
     context = multiprocessing.get_context("spawn")
-    with context.Pool(workers, initializer, initargs) as pool:
+    pool = ProcessPoolExecutor(workers, mp_context=context, initializer=initializer, initargs=initargs)
+    try:
         pending: deque = deque()
         for item in itertools.chain(head, items):
-            pending.append(pool.apply_async(fn, (item,)))
+            pending.append(pool.submit(fn, item))
             if len(pending) >= 2 * workers:
-                yield pending.popleft().get()
+                yield _result(pending.popleft())
         while pending:
-            yield pending.popleft().get()
+            yield _result(pending.popleft())
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _result(future: Future):
+    try:
+        return future.result()
+    except BrokenProcessPool:
+        raise ResourceError("a worker process died (killed for memory, or it could not start); run again "
+                            "with fewer workers (--workers)") from None
 
 
 def chunked(items: Iterable[In], size: int) -> Iterator[list[In]]:

@@ -25,6 +25,7 @@ little over three times that (twice with eflomal as the teacher); ``--set KEY=VA
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import subprocess
 import sys
@@ -90,16 +91,24 @@ def reverse_config(forward_cfg: dict, path: Path) -> Path:
 MARKER = "bootstrap_guided.json"  # in --out: the folder is the bootstrap's own
 
 
-def claim(out: Path) -> Path:
-    """``out``, made the bootstrap's (its marker written first), or exit with one line when it is a folder
-    of something else: the bootstrap writes and skips steps by what it finds there."""
+def claim(out: Path, teacher: str) -> Path:
+    """``out``, made the bootstrap's (its marker written first, with the teacher), or exit with one line
+    when it is a folder of something else or of the other teacher: the bootstrap writes and skips steps by
+    what it finds there, and would take one teacher's links for the other's."""
     if out.exists() and not out.is_dir():
         sys.exit(f"bootstrap_guided: --out {out} is a file; give a folder")
-    if out.is_dir() and any(out.iterdir()) and not (out / MARKER).exists():
+    marker = out / MARKER
+    if out.is_dir() and any(out.iterdir()) and not marker.exists():
         sys.exit(f"bootstrap_guided: --out {out} holds files the bootstrap did not write; give a new or "
                  "empty folder")
+    if marker.exists():
+        before = json.loads(marker.read_text(encoding="utf-8")).get("teacher", "attnmt")
+        if before != teacher:
+            sys.exit(f"bootstrap_guided: --out {out} was made with --teacher {before}; give another folder "
+                     f"for --teacher {teacher}")
     out.mkdir(parents=True, exist_ok=True)
-    (out / MARKER).write_text(json.dumps({"made_by": "scripts/bootstrap_guided.py"}) + "\n", encoding="utf-8")
+    marker.write_text(json.dumps({"made_by": "scripts/bootstrap_guided.py", "teacher": teacher}) + "\n",
+                      encoding="utf-8")
     return out
 
 
@@ -121,7 +130,9 @@ def main() -> None:
     ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                     help="a config override for all three trainings (repeatable)")
     args = ap.parse_args()
-    out = claim(args.out.resolve())
+    if args.teacher == "eflomal" and importlib.util.find_spec("eflomal") is None:
+        sys.exit("bootstrap_guided: --teacher eflomal needs eflomal: pip install -e '.[align]'")
+    out = claim(args.out.resolve(), args.teacher)
     sets = [x for s in args.sets + ([f"train.max_minutes={args.minutes}"] if args.minutes else [])
             for x in ("--set", s)]
     minutes: dict[str, float] = {}

@@ -17,7 +17,6 @@ run leaves no half file.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 import time
@@ -73,13 +72,12 @@ def symmetrized(links: dict[str, list[set]], heuristic: str) -> list[set]:
 
 
 def write_links(path: Path, links: list[set]) -> None:
-    """``links`` as Pharaoh lines, replacing ``path`` whole (a temporary file beside it, then renamed)."""
+    """``links`` as Pharaoh lines, replacing ``path`` whole (attnmt's atomic write: the user's file mode, no
+    half file, no temporary file left behind)."""
     from attnmt.alignment import format_pharaoh
+    from attnmt.runfiles import atomic_write_text
 
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write("".join(format_pharaoh(x) + "\n" for x in links))
-    os.replace(tmp, path)
+    atomic_write_text(path, "".join(format_pharaoh(x) + "\n" for x in links))
 
 
 def main() -> None:

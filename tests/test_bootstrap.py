@@ -100,4 +100,13 @@ def test_bootstrap_refuses_a_folder_of_someone_elses_files(tmp_path):
                             capture_output=True, text=True)
     assert result.returncode == 1 and "is a file" in result.stderr
     assert (tmp_path / "file").read_text(encoding="utf-8") == "x"
+    # A folder of the other teacher: its train.align would be taken for this teacher's links.
+    made = tmp_path / "made"
+    made.mkdir()
+    marker = made / "bootstrap_guided.json"
+    marker.write_text('{"made_by": "scripts/bootstrap_guided.py", "teacher": "attnmt"}\n', encoding="utf-8")
+    result = subprocess.run([*command, str(made), "--teacher", "eflomal"], cwd=REPO, env=OFFLINE_ENV,
+                            capture_output=True, text=True)
+    assert result.returncode == 1 and "was made with --teacher attnmt" in result.stderr, result.stderr
+    assert '"teacher": "attnmt"' in marker.read_text(encoding="utf-8")
 

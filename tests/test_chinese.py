@@ -99,6 +99,17 @@ def test_a_run_whose_tokenizer_predates_the_chinese_normalization_says_how_to_go
     assert {p: p.read_bytes() for p in old.rglob("*") if p.is_file()} == before
     kept = invoke("prepare", config, "--run-dir", old, "--set", "tokenizer.normalization=nmt_nfkc")
     assert kept.exit_code == 0, kept.output
+    # A prepared run whose resolved config.yaml says nmt_nfkc (how an older attnmt wrote it): train refuses.
+    resolved = old / "config.yaml"
+    resolved.write_text(resolved.read_text(encoding="utf-8").replace("normalization: identity",
+                                                                      "normalization: nmt_nfkc"),
+                        encoding="utf-8")
+    before = {p: p.read_bytes() for p in old.rglob("*") if p.is_file()}
+    refused = invoke("train", config, "--run-dir", old)
+    assert refused.exit_code == 2, refused.output
+    assert "tokenizer.normalization: 'nmt_nfkc' -> 'identity'" in refused.output
+    assert "set them back to go on with this run" in refused.output
+    assert {p: p.read_bytes() for p in old.rglob("*") if p.is_file()} == before
 
 
 def test_validation_scores_chinese_with_the_zh_tokenizer(runs):
