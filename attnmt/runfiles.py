@@ -131,15 +131,15 @@ def atomic_write_bytes(path: Path, data: bytes, durable: bool = True) -> None:
     ``durable``: fsync the file and its folder, so that the new file survives a power cut too (what a
     checkpoint or a translation needs; a figure that can be drawn again may skip the cost)."""
     path = Path(path)
-    if path.is_symlink():
-        path = Path(os.path.realpath(path))  # the link's final target, replaced in place of the link
     try:
-        mode = os.stat(path).st_mode
+        mode = os.stat(path).st_mode  # through any link: /dev/stdout into a pipe is a pipe
     except OSError:
         mode = None  # a new file
     if mode is not None and not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
-        write_through(path, data)
+        write_through(path, data)  # by the name given: a pipe's /proc target has no name to open
         return
+    if path.is_symlink():
+        path = Path(os.path.realpath(path))  # the link's final target, replaced in place of the link
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)

@@ -92,7 +92,7 @@ def main() -> None:
     except ImportError:
         sys.exit("eflomal_align: eflomal is not installed: pip install -e '.[align]'")
     for side in (args.src, args.tgt):
-        if not side.is_file():
+        if not side.exists() or side.is_dir():  # a file, or a pipe such as /dev/stdin
             sys.exit(f"eflomal_align: {side}: no such file")
     if args.output.resolve() in (args.src.resolve(), args.tgt.resolve()):
         sys.exit(f"eflomal_align: --output {args.output} is an input; give another file")
@@ -108,7 +108,7 @@ def main() -> None:
     write_links(args.output, links)
     seconds = time.perf_counter() - started
     print(f"eflomal_align: {len(src):,} pairs, {sum(map(len, links)):,} links ({args.heuristic}) in "
-          f"{seconds:.1f} s ({len(src) / seconds:,.0f} pairs/s) -> {args.output}")
+          f"{seconds:.1f} s ({len(src) / seconds:,.0f} pairs/s) -> {args.output}", file=sys.stderr)
 
 
 if __name__ == "__main__":

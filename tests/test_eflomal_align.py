@@ -62,3 +62,16 @@ def test_careless_calls_are_refused_and_nothing_is_overwritten(toy, tmp_path):
     assert not (tmp_path / "x.align").exists()
     result = eflomal_align("--src", tmp_path / "none.en", "--tgt", short, "-o", tmp_path / "x.align")
     assert result.returncode == 1 and "no such file" in result.stderr
+
+
+def test_output_to_a_pipe_and_input_from_one(toy):
+    """``-o /dev/stdout`` into a pipe (a link to /proc/PID/fd/pipe:[N], which has no name to open) is
+    written through, and ``--src /dev/stdin`` reads a pipe."""
+    source = (toy / "train.en").read_text(encoding="utf-8")
+    command = [sys.executable, str(SCRIPT), "--src", "/dev/stdin", "--tgt", str(toy / "train.de"), "-o",
+               "/dev/stdout"]
+    result = subprocess.run(command, cwd=REPO, env=OFFLINE_ENV, input=source, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == 500 and all(parse_pharaoh(line)[0] for line in lines[:50])
