@@ -196,7 +196,8 @@ def attribute_pairs(model, src_ids: Sequence[Sequence[int]], tgt_ids: Sequence[S
             found = ordered_map(_attribute_job, jobs, workers, inline=0, initializer=_start_worker,
                                 initargs=(_model_bytes(model), threads))
         else:
-            found = (attribute_pair(model, *job[:3], device, *job[3:]) for job in jobs)
+            found = (attribute_pair(model, src, tgt, method, device, steps, max_tokens)
+                     for src, tgt in zip(src_ids, tgt_ids))
         out = []
         for result in found:
             out.append(result)

@@ -62,18 +62,13 @@ def default_byte_fallback(code: str | None) -> bool:
     return is_cjk_language(code)
 
 
-def default_normalization(code: str | None) -> str:
-    """sentencepiece's normalization rule for a side in language ``code``: ``identity`` for CJK (its default,
-    NFKC, folds the full-width punctuation of Chinese text, ？，！, into ASCII, and a model then never writes
-    it), else ``nmt_nfkc``."""
-    return "identity" if is_cjk_language(code) else "nmt_nfkc"
-
-
 def tokenizer_defaults(codes) -> dict:
-    """The tokenizer keys that follow the languages when not given: one CJK side sets them for both."""
+    """The tokenizer keys that follow the languages when not given: one CJK side sets them for both. The
+    normalization is ``identity`` there: sentencepiece's default, NFKC, folds the full-width punctuation of
+    Chinese text (？，！) into ASCII, and a model then never writes it."""
     return {"character_coverage": min(map(default_coverage, codes)),
             "byte_fallback": any(map(default_byte_fallback, codes)),
-            "normalization": "identity" if "identity" in map(default_normalization, codes) else "nmt_nfkc"}
+            "normalization": "identity" if any(map(is_cjk_language, codes)) else "nmt_nfkc"}
 
 
 def is_cjk_char(char: str) -> bool:
