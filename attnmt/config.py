@@ -5,7 +5,8 @@ A config has five sections: ``data``, ``tokenizer``, ``model`` (``arch: lstm | t
 the dotted key, e.g. ``configs/toy.yaml:12: model.n_head: unknown key (did you mean n_heads?)``.
 
 Files are read by ``yaml12.py`` (YAML 1.2 scalars, no duplicate keys, no aliases), which also keeps the
-line of every key for these messages.
+line of every key for these messages. The ``model`` section's classes live in ``model_config.py`` and are
+re-exported here.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
+from pydantic import BaseModel, Discriminator, Field, Tag, ValidationError, model_validator
 from pydantic import StrictBool as Bool
 from pydantic import StrictInt as Int
 from pydantic import StrictStr as Str
@@ -23,20 +24,13 @@ from .choices import Device
 from .config_errors import describe
 from .errors import ConfigError
 from .languages import tokenizer_defaults
+from .model_config import Float as Float  # re-exported: the model section and the shared types live there
+from .model_config import LSTMConfig as LSTMConfig
+from .model_config import ModelConfig, PositiveInt, Probability, Probability1, Section
+from .model_config import TransformerConfig as TransformerConfig
 from .yaml12 import parse_yaml, read_yaml_file
 
-# Strict float: accepts 3 or 3.0 but not "3" or true; finite only (.nan and .inf are mistakes here).
-Float = Annotated[float, Field(strict=True, allow_inf_nan=False)]
-PositiveInt = Annotated[int, Field(strict=True, gt=0)]
-Probability = Annotated[float, Field(strict=True, ge=0.0, lt=1.0, allow_inf_nan=False)]
-Probability1 = Annotated[float, Field(strict=True, gt=0.0, le=1.0, allow_inf_nan=False)]  # in (0, 1]
-
-
 # ------------------------------------------------------------------------------------ the sections
-
-
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_default=True)
 
 
 class TextSource(Section):
@@ -136,60 +130,6 @@ class TokenizerConfig(Section):
     src_model: Path | None = None
     """An existing sentencepiece model to load instead of training one (joint: the only model)."""
     tgt_model: Path | None = None
-
-
-class LSTMConfig(Section):
-    arch: Literal["lstm"]
-    emb_dim: PositiveInt = 256
-    hidden_size: PositiveInt = 256
-    """Per direction in the encoder."""
-    dec_hidden_size: PositiveInt | None = None
-    """The decoder's hidden size; default 2 * hidden_size (the width of the encoder's output)."""
-    enc_layers: PositiveInt = 2
-    dec_layers: PositiveInt = 1
-    dropout: Probability = 0.3
-    attention: Literal["additive", "dot", "general"] = "additive"
-    attn_dim: PositiveInt = 256
-    input_feeding: Bool = True
-    share_embeddings: Bool = False
-    """Share source and target embeddings (needs a joint vocabulary)."""
-    tie_embeddings: Bool = False
-    """Tie the decoder's input embedding and the output projection."""
-
-
-class TransformerConfig(Section):
-    arch: Literal["transformer"]
-    d_model: PositiveInt = 256
-    n_heads: PositiveInt = 4
-    enc_layers: PositiveInt = 3
-    dec_layers: PositiveInt = 3
-    d_ff: PositiveInt = 1024
-    dropout: Probability = 0.1
-    attn_dropout: Probability = 0.0
-    activation: Literal["relu", "gelu"] = "relu"
-    norm: Literal["pre", "post"] = "pre"
-    positions: Literal["sinusoidal", "learned"] = "sinusoidal"
-    max_positions: PositiveInt = 1024
-    enc_kernel: Literal["sdpa", "math", "linear", "sparse"] = "sdpa"
-    sparse_window: PositiveInt = 32
-    """enc_kernel sparse: each position sees the keys within this distance (Child et al. 2019)."""
-    sparse_stride: PositiveInt = 32
-    """enc_kernel sparse: and every key at a multiple of this distance (about sqrt(longest length))."""
-    dec_kernel: Literal["sdpa", "math", "linear"] = "sdpa"
-    heads: Literal["full", "split"] = "full"
-    share_embeddings: Bool = True
-    """Share source and target embeddings (needs a joint vocabulary: when the key is not given, it follows
-    tokenizer.joint)."""
-    tie_output: Bool = True
-
-    @model_validator(mode="after")
-    def _heads_divide(self) -> TransformerConfig:
-        if self.d_model % self.n_heads:
-            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
-        return self
-
-
-ModelConfig = Annotated[LSTMConfig | TransformerConfig, Field(discriminator="arch")]
 
 
 class GuidedAlignmentConfig(Section):

@@ -74,9 +74,9 @@ def _unsupported(cfg) -> str | None:
     if cfg.heads != "full":
         return "model.heads is split (block-diagonal projections): CTranslate2 has full projections only"
     for key in ("enc_kernel", "dec_kernel"):
-        if getattr(cfg, key) in ("linear", "sparse"):
-            return (f"model.{key} is {getattr(cfg, key)}: CTranslate2 computes softmax attention over every "
-                    "position only")
+        if getattr(cfg, key) in ("linear", "sparse", "linformer", "performer"):
+            return (f"model.{key} is {getattr(cfg, key)}: CTranslate2 computes exact softmax attention over "
+                    "every position only")
     return None
 
 

@@ -6,7 +6,9 @@ block width. Masks are bool, True = may attend (see ``attnmt.masks``).
 ``KERNELS`` maps a name to kernel(q, k, v, mask, causal, need_weights, dropout_p) -> (context (B, H,
 T, d), weights (B, H, T, S) or None). Every fast kernel has a plain twin that the tests compare it
 with: ``math`` for ``sdpa``, the explicit normalised phi(Q) phi(K)^T for ``linear``, and ``math``
-under ``sparse_pattern`` for ``sparse``.
+under ``sparse_pattern`` for ``sparse``. Kernels that carry state (Linformer's learned projections,
+Performer's random features) are ``nn.Module``s with this signature in ``attnmt.kernel_modules``, which
+reuses the linear-attention machinery here (``_causal_linear``, ``linear_weights``).
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ family of commands registers its commands on import:
 - ``decoding.py``: translate, eval, score;
 - ``looking.py``: plot, align, plot-curves;
 - ``attributing.py``: attribute;
+- ``heads.py``: heads;
+- ``studying.py``: study;
 - ``model_tools.py``: average, info.
 
 A command parses its options, makes one library call and prints. ``options.py`` holds the option types
@@ -15,7 +17,7 @@ the commands share, ``common.py`` their input, output and model-loading helpers.
 
 # Each module registers its commands on import, and `attnmt --help` lists them in this order.
 # isort: off
-from . import training, decoding, looking, attributing, model_tools  # noqa: F401
+from . import training, decoding, looking, attributing, heads, studying, model_tools  # noqa: F401
 from .app import app
 
 # isort: on

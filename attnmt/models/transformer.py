@@ -20,6 +20,7 @@ from torch import nn
 from ..attention import MultiHeadAttention
 from ..config import TransformerConfig
 from ..dropout import Dropout
+from ..kernel_modules import LinformerKernel, PerformerKernel
 from ..kernels import Kernel, sparse_attention
 from .protocol import DecoderState, ModelOutput, per_sentence, select_rows
 
@@ -86,10 +87,18 @@ class Sublayer(nn.Module):
 
 def encoder_kernel(cfg: TransformerConfig) -> str | Kernel:
     """``cfg.enc_kernel``; ``sparse`` gets its window and stride from the config, never from the padded
-    batch width, or a sentence's encoding would depend on the other sentences in its batch."""
-    if cfg.enc_kernel != "sparse":
-        return cfg.enc_kernel
-    return functools.partial(sparse_attention, window=cfg.sparse_window, stride=cfg.sparse_stride)
+    batch width, or a sentence's encoding would depend on the other sentences in its batch. ``linformer``
+    and ``performer`` are modules with state, a new one per call (per layer)."""
+    if cfg.enc_kernel == "sparse":
+        return functools.partial(sparse_attention, window=cfg.sparse_window, stride=cfg.sparse_stride)
+    if cfg.enc_kernel == "linformer":
+        return LinformerKernel(cfg.linformer_k, cfg.max_positions)
+    return performer_kernel(cfg) if cfg.enc_kernel == "performer" else cfg.enc_kernel
+
+
+def performer_kernel(cfg: TransformerConfig) -> PerformerKernel:
+    """A layer's own random features, drawn from the default generator as its weights are."""
+    return PerformerKernel(cfg.d_model // cfg.n_heads, cfg.performer_features, seed=None)
 
 
 class EncoderLayer(nn.Module):
@@ -114,8 +123,8 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
         pre = cfg.norm == "pre"
-        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attn_dropout, cfg.dec_kernel,
-                                            cfg.heads)
+        dec_kernel = performer_kernel(cfg) if cfg.dec_kernel == "performer" else cfg.dec_kernel
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attn_dropout, dec_kernel, cfg.heads)
         self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attn_dropout, "sdpa", cfg.heads)
         self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.dropout)
         self.sub_self, self.sub_cross, self.sub_ffn = (Sublayer(cfg.d_model, cfg.dropout, pre)
