@@ -288,7 +288,8 @@ def sparse_attention(
     v_band = v.index_select(-2, gather_idx).unflatten(-2, (N, L))  # (B, H, N, L, dv)
 
     # Summary columns, shared by every query; keep only those outside the band.
-    summary_idx = torch.arange(stride - 1, S, stride, device=device)  # (M,)
+    # (M,); none when the stride passes the last key (a config's fixed stride, a short sentence)
+    summary_idx = torch.arange(stride - 1, max(S, stride - 1), stride, device=device)
     M = summary_idx.numel()
     k_summary = k.index_select(-2, summary_idx)  # (B, H, M, d)
     v_summary = v.index_select(-2, summary_idx)  # (B, H, M, dv)

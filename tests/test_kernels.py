@@ -131,7 +131,9 @@ def test_sparse_pattern_matches_its_definition(T, S, window, stride, causal):
 
 
 @pytest.mark.parametrize(
-    "T,S,window,stride", [(13, 13, 3, 4), (13, 13, 4, 3), (16, 16, 2, 5), (5, 13, 3, 4), (13, 6, 2, 3)]
+    "T,S,window,stride",
+    [(13, 13, 3, 4), (13, 13, 4, 3), (16, 16, 2, 5), (5, 13, 3, 4), (13, 6, 2, 3), (6, 6, 2, 32),
+     (6, 5, 2, 6)],
 )
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("case", list(MASK_CASES))
