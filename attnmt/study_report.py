@@ -91,18 +91,21 @@ def draw_growth(growth: dict[str, Any], path: Path) -> Path | None:
     for row, (what, unit) in enumerate((("ms", "time per call (ms)"), ("mib", "peak extra memory (MiB)"))):
         for col, mode in enumerate(("forward", "backward")):
             ax = axes[row][col]
+            drawn = 0
             for kernel, by_mode in growth["values"].items():
                 points = [(n, y) for n, y in zip(lengths, by_mode[mode][what]) if y is not None and y > 0]
                 if points:
                     slope = growth["exponents"][kernel][mode][what]
                     label = f"{kernel} (slope {_fmt(slope)})"
                     ax.plot(*zip(*points), marker="o", markersize=3, label=label)
+                    drawn += 1
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             ax.set_title(f"{'forward' if mode == 'forward' else 'forward + backward'}: {unit}", fontsize=9)
             ax.set_xlabel("sequence length n")
             ax.grid(alpha=0.3, which="both")
-            ax.legend(fontsize=6)
+            if drawn:
+                ax.legend(fontsize=6)
     fig.tight_layout()
     return save_figure(fig, path)
 

@@ -61,6 +61,12 @@ BASELINES: dict[str, tuple[list[str], dict[str, list[str]]]] = {
     "average": (["<ckpt>", "<member>"], {"--out": ["<new>.pt"]}),
     "info": (["<run>"], {}),
     "export": (["<ckpt>", "<new>"], {}),
+    "heads": (["<run>"], {"--src": ["<src>"], "--tgt": ["<tgt>"], "--limit": ["2"], "--random-draws": ["1"]}),
+    # a flag's other spelling, given with no values, is written as it is: no growth unless the fuzz asks
+    "study": (["<config>"], {"--out": ["<new>"], "--variants": ["sdpa"], "--minutes": ["0.01"],
+                             "--no-growth": [], "--max-len": ["64"],
+                             "--set": ["train.max_steps=1", "decode.max_len_b=2",
+                                       "data.test={format: toy, split: test, size: 2}"]}),
 }
 READ = ["<run>", "<ckpt>", "<member>", "<src>", "<tgt>", "<config>", "<corpus>"]
 
@@ -181,15 +187,18 @@ def argv(world: World, command: str, changes: dict[str, list[str] | None]) -> In
     given = {arguments[i].name: [value] for i, value in enumerate(positional[:len(arguments)])}
     if len(positional) > len(arguments) or (arguments and arguments[-1].nargs == -1):
         given[arguments[-1].name] = positional[len(arguments) - 1:]
-    given.update({next(p.name for p in params.values() if p.opts[0] == flag): values
-                  for flag, values in options.items()})
+    given.update({next(p.name for p in params.values() if flag in (*p.opts, *p.secondary_opts)):
+                  values or flag for flag, values in options.items()})
     given.update(changes)
-    given = {name: None if values is None else [world.resolve(v) if v.startswith("<") else v for v in values]
+    given = {name: values if values is None or isinstance(values, str)
+             else [world.resolve(v) if v.startswith("<") else v for v in values]
              for name, values in given.items()}
     words = [command]
     for name, values in given.items():
         param = params[name]
-        if param.opts[0].startswith("-"):
+        if isinstance(values, str):  # a flag as the baseline spells it
+            words.append(values)
+        elif param.opts[0].startswith("-"):
             words += [param.opts[0]] if values is None else [w for v in values for w in (param.opts[0], v)]
     words.append("--")
     for param in arguments:
