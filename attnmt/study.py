@@ -144,6 +144,10 @@ class Study:
     minutes: float
     beam_size: int
 
+    def __post_init__(self) -> None:
+        # Absolute: a relative train.run_dir in a variant's config would resolve against configs/.
+        self.root = Path(os.path.abspath(self.root))
+
     @property
     def prepared(self) -> RunDir:
         return RunDir(self.root / "prepared")

@@ -42,9 +42,9 @@ def study_command(config: Path, out: Path, *extra: str) -> list[str]:
             "--no-growth", *extra]
 
 
-def run_study(config: Path, out: Path, *extra: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    env = {**os.environ, **OFFLINE_ENV, "OMP_NUM_THREADS": "1"}
-    return subprocess.run(study_command(config, out, *extra), cwd=REPO, env=env, capture_output=True,
+def run_study(config: Path, out: Path, *extra: str, cwd: Path = REPO, timeout: float = 240):
+    env = {**os.environ, **OFFLINE_ENV, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    return subprocess.run(study_command(config, out, *extra), cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
 
@@ -104,13 +104,15 @@ def test_the_study_folder_must_be_new_empty_or_a_study(tmp_path):
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory) -> tuple[Path, Path]:
-    """A study of two variants (an LSTM and a Transformer), trained to the end."""
+    """A study of two variants (an LSTM and a Transformer), trained to the end; --out relative to the
+    working folder, as a user types it."""
     root = tmp_path_factory.mktemp("study")
     config = tiny_study_config(root / "tiny.yaml")
-    out = root / "study"
-    result = run_study(config, out, "--variants", "dot,sdpa")
+    result = run_study(config, Path("study"), "--variants", "dot,sdpa", cwd=root)
     assert result.returncode == 0, result.stderr
-    return config, out
+    assert sorted(p.name for p in (root / "study" / "runs").iterdir()) == ["dot", "sdpa"]
+    assert not (root / "study" / "configs" / "study").exists()
+    return config, root / "study"
 
 
 def test_the_study_writes_results_and_a_report(finished):
