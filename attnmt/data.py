@@ -117,13 +117,18 @@ def raw_pairs(source: Source, name: str) -> Iterator[RawPair]:
 
 
 def describe_source(source: Source) -> str:
+    """The training pairs' origin in a few words; a path as short as it is true (``configs/../x`` is ``x``)."""
     if isinstance(source, TextSource):
-        return f"{source.src}, {source.tgt}"
+        return f"{_shown(source.src)}, {_shown(source.tgt)}"
     if isinstance(source, (TsvSource, JsonlSource)):
-        return str(source.path)
+        return _shown(source.path)
     if isinstance(source, HfSource):
         return f"Hugging Face dataset {source.name}, split {source.split}"
     return f"toy {source.split}"
+
+
+def _shown(path: Path | str) -> str:
+    return str(path) if str(path) == "-" else os.path.normpath(str(path))
 
 
 def read_lines(path: Path | str) -> Iterator[str]:

@@ -379,3 +379,12 @@ def test_the_fast_path_of_clean_is_the_rule(text):
     """Text with no control character and no whitespace but the space takes a shorter path: the same
     result as every step of the rule, on any text and on mixes of combining marks and odd spaces."""
     assert clean(text) == _clean_every_step(text)
+
+
+def test_a_source_is_described_by_its_shortest_true_path():
+    from attnmt.config import TextSource, TsvSource
+    from attnmt.data import describe_source
+
+    text = TextSource(src="configs/../../shared/train.de.gz", tgt="configs/./train.en.gz")
+    assert describe_source(text) == "../shared/train.de.gz, configs/train.en.gz"
+    assert describe_source(TsvSource(format="tsv", path="a/b/../c.tsv")) == "a/c.tsv"
