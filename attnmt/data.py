@@ -117,7 +117,7 @@ def raw_pairs(source: Source, name: str) -> Iterator[RawPair]:
 
 
 def describe_source(source: Source) -> str:
-    """The training pairs' origin in a few words; a path as short as it is true (``configs/../x`` is ``x``)."""
+    """The pairs' origin in a few words, each path as short as it is true (``configs/../x`` is ``x``)."""
     if isinstance(source, TextSource):
         return f"{_shown(source.src)}, {_shown(source.tgt)}"
     if isinstance(source, (TsvSource, JsonlSource)):

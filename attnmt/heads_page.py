@@ -47,7 +47,7 @@ RULES = {
     "previous": f"mean weight on p(i) - 1 >= {POSITIONAL_MIN}",
     "next": f"mean weight on p(i) + 1 >= {POSITIONAL_MIN}",
     "stripe": f"mass on BOS, EOS and punctuation >= {STRIPE_MIN}",
-    "block": f"mass within |j - p(i)| <= {WINDOW} >= {BLOCK_MIN}",
+    "block": f"mass within |j - p(i)| <= {WINDOW}, above a uniform row's share there, >= {BLOCK_MIN}",
     "dispersed": f"entropy / log(keys) >= {DISPERSED_MIN}",
     "long-range": "none of the above: concentrated, away from its own position",
 }

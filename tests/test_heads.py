@@ -121,18 +121,19 @@ def test_stripe_block_dispersed_and_long_range():
 
 def test_the_thresholds_boundaries_and_order():
     none = {"diagonal": 0.0, "previous": 0.0, "next": 0.0}
-    assert classify({**none, "diagonal": POSITIONAL_MIN}, 0, 0, 0) == ("diagonal", POSITIONAL_MIN)
-    assert classify({**none, "diagonal": np.nextafter(POSITIONAL_MIN, 0)}, 0, 0, 0)[0] == "long-range"
-    assert classify({**none, "next": 0.7, "previous": 0.7}, 0, 0, 0) == ("previous", 0.7)  # ties: the order
-    assert classify(none, STRIPE_MIN, 0, 0) == ("stripe", STRIPE_MIN)
-    assert classify(none, np.nextafter(STRIPE_MIN, 0), 0, 0)[0] == "long-range"
-    assert classify(none, 0, BLOCK_MIN, 0) == ("block", BLOCK_MIN)
-    assert classify(none, 0, np.nextafter(BLOCK_MIN, 0), 0) == ("long-range", 1 - np.nextafter(BLOCK_MIN, 0))
-    assert classify(none, 0, 0, DISPERSED_MIN) == ("dispersed", DISPERSED_MIN)
-    assert classify(none, 0, 0, np.nextafter(DISPERSED_MIN, 0))[0] == "long-range"
+    assert classify({**none, "diagonal": POSITIONAL_MIN}, 0, 0, 0, 0) == ("diagonal", POSITIONAL_MIN)
+    assert classify({**none, "diagonal": np.nextafter(POSITIONAL_MIN, 0)}, 0, 0, 0, 0)[0] == "long-range"
+    assert classify({**none, "next": 0.7, "previous": 0.7}, 0, 0, 0, 0) == ("previous", 0.7)  # ties: order
+    assert classify(none, STRIPE_MIN, 0, 0, 0) == ("stripe", STRIPE_MIN)
+    assert classify(none, np.nextafter(STRIPE_MIN, 0), 0, 0, 0)[0] == "long-range"
+    assert classify(none, 0, BLOCK_MIN, 0, 0.9) == ("block", BLOCK_MIN)
+    assert classify(none, 0, np.nextafter(BLOCK_MIN, 0), 0, 0.3) == ("long-range", 0.7)  # 1 - local
+    assert classify(none, 0, 0, DISPERSED_MIN, 0) == ("dispersed", DISPERSED_MIN)
+    assert classify(none, 0, 0, np.nextafter(DISPERSED_MIN, 0), 0)[0] == "long-range"
     # The order: a positional head is one whatever else holds; a stripe before a block before dispersed.
-    assert classify({**none, "diagonal": 0.5}, 1.0, 1.0, 1.0)[0] == "diagonal"
-    assert classify(none, 0.5, 1.0, 1.0)[0] == "stripe" and classify(none, 0, 0.6, 1.0)[0] == "block"
+    assert classify({**none, "diagonal": 0.5}, 1.0, 1.0, 1.0, 1.0)[0] == "diagonal"
+    assert classify(none, 0.5, 1.0, 1.0, 1.0)[0] == "stripe"
+    assert classify(none, 0, 0.5, 1.0, 1.0)[0] == "block"
     # On maps, a hair either side of each threshold.
     for w, expected in ((0.51, "diagonal"), (0.49, "long-range")):
         assert one(rows_with(lambda i, w=w: {i: w, far(i): 1 - w})).pattern == expected
@@ -146,8 +147,23 @@ def test_the_thresholds_boundaries_and_order():
         step = 1 if i < S // 2 else -1
         return {i + 2 * step: w / 2, i + WINDOW * step: w / 2, far(i): 1 - w}
 
-    for w, expected in ((0.61, "block"), (0.59, "long-range")):
-        assert one(rows_with(lambda i, w=w: split(i, w))).pattern == expected
+    def chance_corrected(w):  # the block score of split(., w), row by row: (m - u) / (1 - u)
+        u = np.array([(min(i + WINDOW, S - 1) - max(i - WINDOW, 0) + 1) / S for i in range(S)])
+        return float(np.mean((w - u) / (1 - u)))
+
+    for w in (0.3, 0.6, 0.9):
+        head = one(rows_with(lambda i, w=w: split(i, w)))
+        assert head.local == pytest.approx(w) and head.block == pytest.approx(chance_corrected(w))
+    low, high = 0.5, 1.0  # bisect for the w where the block score is BLOCK_MIN, then step either side
+    for _ in range(50):
+        low, high = (low, (low + high) / 2) if chance_corrected((low + high) / 2) >= BLOCK_MIN else \
+            ((low + high) / 2, high)
+    assert one(rows_with(lambda i: split(i, high + 0.01))).pattern == "block"
+    assert one(rows_with(lambda i: split(i, low - 0.01))).pattern == "long-range"
+    # A uniform head on a sentence of 8 pieces puts 44/64 of its mass in the window by chance: no block.
+    short = one(np.full((1, 8, 8), 1 / 8))
+    assert short.local == pytest.approx(44 / 64) and short.block == pytest.approx(0.0)
+    assert short.pattern == "dispersed"
     # The identity is also a block and concentrated: the diagonal rule comes first.
     assert one(np.eye(S)[None]).block == 1.0
 
@@ -358,7 +374,7 @@ def test_the_help_states_the_thresholds():
 
     text = " ".join(heads.__doc__.split())
     for threshold in (f"p(i)+1 >= {POSITIONAL_MIN}", f"punctuation pieces >= {STRIPE_MIN}",
-                      f"|j - p(i)| <= {WINDOW} >= {BLOCK_MIN}", f"log(visible keys) >= {DISPERSED_MIN}"):
+                      f"share of the keys, >= {BLOCK_MIN}", f"log(visible keys) >= {DISPERSED_MIN}"):
         assert threshold in text, threshold
 
 
@@ -373,7 +389,7 @@ def synthetic_report() -> HeadsReport:
     rng = np.random.default_rng(0)
     ids = [(kind, 0, h) for kind in KINDS for h in range(3)]
     heads = [Head(kind, layer, h, HeadScores(PATTERNS[n % len(PATTERNS)], 0.5 + n / 100, 0.1, 0.1, 0.1, 0.2,
-                                             0.3, 0.4, 0.5, 1.5), n / 10, -n / 5)
+                                             0.3, 0.6, 0.4, 0.5, 1.5), n / 10, -n / 5)
              for n, (kind, layer, h) in enumerate(ids)]
     src = ["\u2581ein", "\u2581Mann", ".", "</s>"]
     tgt = [*NASTY[:-1], "</s>"]

@@ -48,7 +48,8 @@ def heads(
     - [b]diagonal[/b] / [b]previous[/b] / [b]next[/b]: weight on key p(i) / p(i)-1 / p(i)+1 >= 0.5
       (the best of the three);
     - [b]stripe[/b]: mass on BOS, EOS and punctuation pieces >= 0.5;
-    - [b]block[/b]: mass within |j - p(i)| <= 3 >= 0.6 (rows whose window holds every key left out);
+    - [b]block[/b]: mass m within |j - p(i)| <= 3 above chance, (m - u) / (1 - u) with u the window's
+      share of the keys, >= 0.5 (rows whose window holds every key left out);
     - [b]dispersed[/b]: entropy / log(visible keys) >= 0.7;
     - else [b]long-range[/b], scored by the mass outside that window.
     Also each head's confidence (mean max weight) and entropy in nats (Voita et al. 2019).
