@@ -16,7 +16,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || ! command -v sudo >/dev/null 2>&1 || echo
 $(BIN)/.installed: pyproject.toml
 	@echo "setting up $(VENV): $(TORCH) (CPU), attnmt and its dependencies (log: $(VENV)/install.log)"
 	@$(PYTHON) -m venv $(VENV)
-	@{ $(BIN)/pip install --upgrade pip && $(BIN)/pip install $(TORCH) && $(BIN)/pip install -e '.[dev,ct2,tensorboard,attribute,align]'; } \
+	@{ $(BIN)/pip install --upgrade pip && $(BIN)/pip install $(TORCH) && $(BIN)/pip install -e '.[dev,ct2,tensorboard,attribute,align,serve]'; } \
 		> $(VENV)/install.log 2>&1 || { tail -n 30 $(VENV)/install.log; echo "set-up failed; the whole log: $(VENV)/install.log"; exit 1; }
 	@touch $@
 

@@ -333,6 +333,18 @@ def explore(translator: Translator, sources: Sequence[str], out: Path,
     Sentences are numbered from 1 in input order; an empty line is left out."""
     if targets is None:
         targets = translator.best(sources)
+    page = explorer_sentences(translator, sources, targets, kinds, options, gold, attribution)
+    if not page:
+        raise DataError("no sentence pairs to draw (every line is empty)")
+    return Explored(len(page), write_explorer(out, page, title), list(targets))
+
+
+def explorer_sentences(translator: Translator, sources: Sequence[str], targets: Sequence[str],
+                       kinds: Sequence[str] = ("cross",), options: AlignOptions = AlignOptions(),
+                       gold: Gold | None = None,
+                       attribution: Attributed | None = None) -> list[ExplorerSentence]:
+    """What ``explore`` draws, one ``ExplorerSentence`` per pair that has pieces on both sides (numbered from
+    1 in input order), for a page or for ``attnmt serve``'s ``/attention``."""
     tokenizer = translator.tokenizer
     src_ids, src_groups, tgt_ids, tgt_groups = _word_pieces(translator, sources, targets, gold)
     pairs = [i for i in range(len(sources)) if src_ids[i] and tgt_ids[i]]
@@ -357,9 +369,7 @@ def explore(translator: Translator, sources: Sequence[str], out: Path,
                                      {kind: pair_maps[kind] for kind in kinds}, links, sure, possible, aer,
                                      _page_words(sources[i], src_groups[i], len(src)),
                                      _page_words(targets[i], tgt_groups[i], len(tgt))))
-    if not page:
-        raise DataError("no sentence pairs to draw (every line is empty)")
-    return Explored(len(page), write_explorer(out, page, title), list(targets))
+    return page
 
 
 # ---------------------------------------------------------------------------------------- calibration

@@ -286,6 +286,14 @@ class Ct2Translator(Translator):
         self._tgt_index = {piece: i for i, piece in
                            enumerate(tokenizer.tgt_pieces(list(range(tokenizer.tgt_vocab_size))))}
 
+    def with_settings(self, decode, sampling: Sampling | None = None) -> Ct2Translator:
+        """``Translator.with_settings``, the same engine. CTranslate2's random seed is process-wide: it is
+        set here, so call this right before translating with the copy."""
+        other = super().with_settings(decode, sampling)
+        if sampling is not None:
+            _ctranslate2().set_random_seed(sampling.seed)
+        return other
+
     def _options(self, beam: int, limit: int, suppress: bool) -> dict:
         d = self.decode
         options = dict(beam_size=beam, num_hypotheses=1 if self.sampling else d.nbest,

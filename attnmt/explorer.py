@@ -43,6 +43,8 @@ What the page's DOM offers (tests and scripts rely on these ids and classes):
   ``.line-query`` (``data-row``), ``.attn-line`` (``data-row``, ``data-col``, ``data-w``), ``.align-line``;
 - alignment classes on ``.cell`` and ``.align-line``: ``link`` and one of ``link-sure``,
   ``link-possible``, ``link-false``, ``link-missed`` (with gold) or ``link-predicted`` (without);
+- ``window.attnmtExplorer.show(data, weights, bytes)``: draw other data (``pack``'s three fields, what
+  ``attnmt serve``'s ``/attention`` answers) in the same controls; the page calls it with what it embeds;
 - ``window.explorerReady`` (``performance.now()`` when the first map is drawn), ``window.explorerDraws``
   and ``body[data-draws]`` (maps drawn so far), ``window.explorerError`` (a message, when the page
   could not start).
@@ -190,11 +192,27 @@ def script_json(value) -> str:
     return text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
 
 
-def explorer_html(sentences: Sequence[ExplorerSentence], title: str = "attnmt attention") -> str:
-    """The page for ``sentences``, as one HTML string (see the module docstring for what it shows)."""
+@dataclass(frozen=True)
+class Packed:
+    """What the page reads: ``data`` (JSON: labels, words, links, where each map's weights start), the
+    quantised weights deflated and in base64 (``weights``), and their size inflated (``bytes``).
+    ``attnmt serve``'s ``/attention`` answers with the same three fields."""
+
+    data: dict
+    weights: str
+    bytes: int
+
+
+def pack(sentences: Sequence[ExplorerSentence], level: int = 9) -> Packed:
+    """The explorer's data for ``sentences`` (zlib ``level``: 9 for a page written once, lower to serve)."""
     entries, weights = _payload(sentences)
     data = {"kinds": KIND_NAMES, "axes": KIND_AXES, "levels": LEVELS, "sentences": entries}
-    packed = base64.b64encode(zlib.compress(weights, 9)).decode("ascii")
+    return Packed(data, base64.b64encode(zlib.compress(weights, level)).decode("ascii"), len(weights))
+
+
+def explorer_html(sentences: Sequence[ExplorerSentence], title: str = "attnmt attention") -> str:
+    """The page for ``sentences``, as one HTML string (see the module docstring for what it shows)."""
+    packed = pack(sentences)
     heading = html.escape(title)
     return (
         "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
@@ -204,9 +222,9 @@ def explorer_html(sentences: Sequence[ExplorerSentence], title: str = "attnmt at
         "<link rel=\"icon\" href=\"data:,\">\n"
         f"<title>{heading}</title>\n<style>{_STYLE}</style>\n</head>\n<body data-draws=\"0\">\n"
         f"<h1>{heading}</h1>\n{_BODY}"
-        f"<script id=\"explorer-data\" type=\"application/json\">{script_json(data)}</script>\n"
-        f"<script id=\"explorer-weights\" type=\"application/octet-stream\" data-bytes=\"{len(weights)}\">"
-        f"{packed}</script>\n"
+        f"<script id=\"explorer-data\" type=\"application/json\">{script_json(packed.data)}</script>\n"
+        f"<script id=\"explorer-weights\" type=\"application/octet-stream\" data-bytes=\"{packed.bytes}\">"
+        f"{packed.weights}</script>\n"
         f"<script>{_SCRIPT}</script>\n</body>\n</html>\n"
     )
 

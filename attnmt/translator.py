@@ -11,6 +11,7 @@ source pieces x K rows), one choice between greedy and beam search.
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -104,6 +105,17 @@ class Translator:
         self.sampling = sampling
         self.generator = (torch.Generator(device=self.device).manual_seed(sampling.seed)
                           if sampling is not None else None)
+
+    def with_settings(self, decode: DecodeConfig, sampling: Sampling | None = None) -> Translator:
+        """The same model, tokenizer and device with other decode settings (checked as ``__init__`` checks
+        them); its draws start again from ``sampling.seed``."""
+        check_search_settings(max(decode.beam_size, decode.nbest) if sampling else decode.beam_size,
+                              decode.nbest, decode.length_penalty, decode.min_len)
+        other = copy.copy(self)
+        other.decode, other.sampling = decode, sampling
+        other.generator = (torch.Generator(device=self.device).manual_seed(sampling.seed)
+                           if sampling is not None else None)
+        return other
 
     def encode(self, lines: Sequence[str]) -> Sources:
         """Clean, encode and cut each line; empty lines (after cleaning) are left out and counted."""

@@ -62,6 +62,8 @@ BASELINES: dict[str, tuple[list[str], dict[str, list[str]]]] = {
     "info": (["<run>"], {}),
     "export": (["<ckpt>", "<new>"], {}),
     "heads": (["<run>"], {"--src": ["<src>"], "--tgt": ["<tgt>"], "--limit": ["2"], "--random-draws": ["1"]}),
+    # --check: the model loaded, the port bound, and no server left running
+    "serve": (["<run>"], {"--check": [], "--port": ["0"]}),
     # a flag's other spelling, given with no values, is written as it is: no growth unless the fuzz asks
     "study": (["<config>"], {"--out": ["<new>"], "--variants": ["sdpa"], "--minutes": ["0.01"],
                              "--no-growth": [], "--max-len": ["64"],

@@ -17,7 +17,7 @@ the commands share, ``common.py`` their input, output and model-loading helpers.
 
 # Each module registers its commands on import, and `attnmt --help` lists them in this order.
 # isort: off
-from . import training, decoding, looking, attributing, heads, studying, model_tools  # noqa: F401
+from . import training, decoding, looking, attributing, heads, studying, serving, model_tools  # noqa: F401
 from .app import app
 
 # isort: on

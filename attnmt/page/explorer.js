@@ -2,7 +2,7 @@
 "use strict";
 (function () {
   const $ = (id) => document.getElementById(id);
-  const DATA = JSON.parse($("explorer-data").textContent);
+  let DATA = null;  // the explorer's data (explorer.pack): labels, words, links, where each map starts
   const SVG = "http://www.w3.org/2000/svg";  // the SVG namespace (a name, never loaded)
   const VIRIDIS = [[68, 1, 84], [71, 45, 123], [59, 82, 139], [44, 114, 142], [33, 145, 140],
                    [40, 174, 128], [94, 201, 98], [173, 220, 48], [253, 231, 37]];
@@ -30,9 +30,8 @@
     return node;
   }
 
-  async function inflate() {
-    const packed = $("explorer-weights");
-    const binary = atob(packed.textContent.trim());
+  async function inflate(packed, size) {
+    const binary = atob(packed.trim());
     const bytes = new Uint8Array(binary.length);
     for (let i = 0; i < binary.length; i++) bytes[i] = binary.charCodeAt(i);
     if (typeof DecompressionStream === "undefined") {
@@ -40,14 +39,16 @@
     }
     const stream = new Blob([bytes]).stream().pipeThrough(new DecompressionStream("deflate"));
     const out = new Uint8Array(await new Response(stream).arrayBuffer());
-    if (out.length !== Number(packed.dataset.bytes)) throw new Error("the embedded weights are damaged");
+    if (out.length !== size) throw new Error("the embedded weights are damaged");
     return out;
   }
 
-  // Each piece's words with their share: [[word, share], ...] (the page stores a whole word as its index).
-  for (const s of DATA.sentences) {
-    for (const side of Object.values(s.words)) {
-      side.members = side.members.map((m) => (typeof m === "number" ? [[m, 1]] : m));
+  // Each piece's words with their share: [[word, share], ...] (the data stores a whole word as its index).
+  function readWords(data) {
+    for (const s of data.sentences) {
+      for (const side of Object.values(s.words)) {
+        side.members = side.members.map((m) => (typeof m === "number" ? [[m, 1]] : m));
+      }
     }
   }
 
@@ -359,16 +360,10 @@
     draw();
   }
 
-  function start() {
+  let wired = false;
+
+  function wire() {
     const select = $("explorer-sentence");
-    select.replaceChildren(...DATA.sentences.map((s, k) => {
-      const aer = s.aer === null ? "" : "  (AER " + s.aer.toFixed(3) + ")";
-      const cut = (t) => (t.length > 60 ? t.slice(0, 59) + "\u2026" : t);
-      const caption = s.number + ": " + cut(text(s.src)) + " \u2192 " + cut(text(s.tgt)) + aer;
-      const option = el("option", null, caption);
-      option.value = String(k);
-      return option;
-    }));
     select.addEventListener("change", () => go(Number(select.value)));
     $("explorer-prev").addEventListener("click", () => go(state.sentence - 1));
     $("explorer-next").addEventListener("click", () => go(state.sentence + 1));
@@ -382,17 +377,36 @@
     $("explorer-view").addEventListener("change", (e) => { state.view = e.target.value; draw(); });
     $("explorer-units").addEventListener("change", (e) => { state.units = e.target.value; draw(); });
     document.addEventListener("keydown", (e) => {
-      if (e.target.tagName === "SELECT" || e.altKey || e.ctrlKey || e.metaKey) return;
+      const typing = ["SELECT", "TEXTAREA", "INPUT"].includes(e.target.tagName);
+      if (typing || e.altKey || e.ctrlKey || e.metaKey) return;
       if (e.key === "ArrowLeft") go(state.sentence - 1);
       if (e.key === "ArrowRight") go(state.sentence + 1);
     });
     const area = $("explorer-view-area");
     area.addEventListener("mouseover", hover);
     area.addEventListener("mouseleave", () => { clearFocus(); tip(""); });
+    wired = true;
+  }
+
+  function start() {
+    if (!wired) wire();
+    $("explorer-sentence").replaceChildren(...DATA.sentences.map((s, k) => {
+      const aer = s.aer === null ? "" : "  (AER " + s.aer.toFixed(3) + ")";
+      const cut = (t) => (t.length > 60 ? t.slice(0, 59) + "\u2026" : t);
+      const caption = s.number + ": " + cut(text(s.src)) + " \u2192 " + cut(text(s.tgt)) + aer;
+      const option = el("option", null, caption);
+      option.value = String(k);
+      return option;
+    }));
     go(0);
   }
 
-  inflate().then((weights) => {
+  // Show the explorer's data (explorer.pack: data, base64 weights, their inflated size); the page calls
+  // it with what it embeds, attnmt serve's page with what /attention answers.
+  async function show(data, packed, size) {
+    const weights = await inflate(packed, size);
+    readWords(data);
+    DATA = data;
     WEIGHTS = weights;
     if (DATA.sentences.length === 0) {
       tip("no sentences");
@@ -400,9 +414,16 @@
       return;
     }
     start();
-  }).catch((error) => {
-    window.explorerError = String(error && error.message || error);
-    tip("cannot show the attention: " + window.explorerError);
-    console.error(error);
-  });
+  }
+
+  window.attnmtExplorer = {show: show};
+  const embedded = $("explorer-data");
+  if (embedded) {
+    const weights = $("explorer-weights");
+    show(JSON.parse(embedded.textContent), weights.textContent, Number(weights.dataset.bytes)).catch((error) => {
+      window.explorerError = String(error && error.message || error);
+      tip("cannot show the attention: " + window.explorerError);
+      console.error(error);
+    });
+  }
 })();

@@ -1,0 +1,170 @@
+"""``serve``: a translation server (``server.py`` on uvicorn) with dynamic batching (``batcher.py``) and a
+page that translates and shows the attention."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ..errors import ConfigError, ResourceError
+from .app import command
+from .common import open_translator
+from .options import DeviceOpt, ModelArg
+
+EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
+
+
+@command(inputs=("model",))
+def serve(
+    model: ModelArg,
+    host: Annotated[str, typer.Option("--host", help="The address to listen on (0.0.0.0: every "
+                                      "interface; the default answers this machine only).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=0, max=65535, help="The port (0: any free one; the "
+                                      "first line on stderr says which).")] = 8000,
+    max_batch_tokens: Annotated[int, typer.Option("--max-batch-tokens", min=1, max=2**31, help="Decode "
+                                                  "waiting requests together up to this many source "
+                                                  "pieces x beam rows.")] = 4096,
+    max_wait_ms: Annotated[float, typer.Option("--max-wait-ms", min=0, max=60_000, help="How long the "
+                                               "oldest waiting request may wait for others to join "
+                                               "its batch.")] = 5.0,
+    max_sentences: Annotated[int, typer.Option("--max-sentences", min=1, max=100_000, help="Sentences "
+                                               "per request (more: HTTP 413).")] = 100,
+    max_chars: Annotated[int, typer.Option("--max-chars", min=1, max=1_000_000, help="Characters per "
+                                           "sentence (more: HTTP 413).")] = 2000,
+    grace: Annotated[float, typer.Option("--grace", min=0, max=3600, help="On SIGTERM or Ctrl-C, seconds "
+                                         "to finish the requests in flight (then exit 143 / 130).")] = 30.0,
+    check: Annotated[bool, typer.Option("--check", help="Load the model, bind the port, print what "
+                                        "would be served, and exit.")] = False,
+    device: DeviceOpt = "auto",
+) -> None:
+    """Serve MODEL over HTTP: POST /translate and /attention, GET /health, /info, the page at / and the
+    API's documentation at /docs. SIGTERM stops accepting, finishes what is in flight and exits 0."""
+    try:
+        import uvicorn  # noqa: F401
+
+        from ..server import create_app  # noqa: F401
+    except ImportError as e:
+        raise ConfigError(f"attnmt serve needs the 'serve' extra ({e.name} is missing): "
+                          "pip install 'attnmt[serve]'") from None
+    import math
+
+    if not math.isfinite(max_wait_ms) or not math.isfinite(grace):
+        raise ConfigError("--max-wait-ms and --grace take finite numbers")
+    translator, cfg, path = open_translator(model, device)
+    sock = _bind(host, port)
+    try:
+        code = _run(sock, translator, cfg, path, max_batch_tokens, max_wait_ms / 1000, max_sentences,
+                    max_chars, grace, check)
+    finally:
+        sock.close()
+    if code:
+        raise typer.Exit(code)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """The listening socket (bound here, so that a busy port is one line and port 0 is known)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as e:
+        raise ConfigError(f"--host {host!r}: not an address of this machine ({e})") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as e:
+        sock.close()
+        if e.errno == errno.EADDRNOTAVAIL:
+            raise ConfigError(f"--host {host}: not an address of this machine") from None
+        raise ResourceError(f"--host {host} --port {port}: cannot listen there ({e.strerror})") from None
+    return sock
+
+
+def _describe(translator, cfg, path: Path) -> dict:
+    model = translator.model
+    parameters = sum(p.numel() for p in model.parameters()) if model is not None else None
+    return {"model": str(path), "arch": cfg.model.arch if model is not None else "ctranslate2",
+            "src_lang": cfg.data.src_lang, "tgt_lang": cfg.data.tgt_lang, "parameters": parameters,
+            "attention": model is not None, "device": str(translator.device),
+            "decode": translator.decode.model_dump(mode="json")}
+
+
+def _run(sock, translator, cfg, path: Path, max_batch_tokens: int, max_wait_s: float, max_sentences: int,
+         max_chars: int, grace: float, check: bool) -> int:
+    """Serve until a signal; the exit code: 0, or 130 / 143 when requests in flight were cut."""
+    import uvicorn
+
+    from ..batcher import Batcher
+    from ..serve_api import Limits, Served, page_html, variant_maker
+    from ..server import create_app
+
+    served = Served(translator, path, _describe(translator, cfg, path), Limits(max_sentences, max_chars))
+    measure = lambda lines: sum(len(ids) + 1 for ids in translator.tokenizer.encode_src(lines))  # noqa: E731
+    batcher = Batcher(variant_maker(translator), measure, max_batch_tokens, max_wait_s)
+    drained = True
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        nonlocal drained
+        yield
+        drained = batcher.close(grace)  # after uvicorn stopped taking requests and waited for its own
+
+    app = create_app(served, batcher, page_html(), lifespan)
+    host, port = sock.getsockname()[:2]
+    sys.stderr.write(f"attnmt serve: http://{host}:{port} ({path}, {served.info['arch']}, "
+                     f"{served.info['src_lang']}-{served.info['tgt_lang']}){' [check]' if check else ''}\n")
+    sys.stderr.flush()
+    if check:
+        batcher.close()
+        return 0
+    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=grace,
+                            lifespan="on", server_header=False)
+    server = _Server(config)
+    server.run(sockets=[sock])
+    if server.stopped_by is None or not (served.cut or not drained or server.force_exit):
+        return 0
+    # Requests were cut, and the decoding thread may still be inside torch: leave without the
+    # interpreter's shutdown, which would tear torch down under it (SIGABRT).
+    sys.stderr.write(f"attnmt serve: stopped by {server.stopped_by.name} with requests unanswered "
+                     f"(--grace {grace:g} s ran out)\n")
+    sys.stderr.flush()
+    sys.stdout.flush()
+    os._exit(EXIT[server.stopped_by])
+
+
+def _server_class():
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, but a signal that stopped it is not raised again on the way out (uvicorn
+        re-raises it, which would make a clean shutdown exit 143): the command decides the exit code."""
+
+        stopped_by: signal.Signals | None = None
+
+        @contextlib.contextmanager
+        def capture_signals(self):
+            def handle(signum, frame):
+                self.stopped_by = signal.Signals(signum)
+                self.handle_exit(signum, frame)
+
+            previous = {sig: signal.signal(sig, handle) for sig in EXIT}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
+    return Server
+
+
+def _Server(config):  # noqa: N802 - the class is made on first use: uvicorn is an optional extra
+    return _server_class()(config)

@@ -1,0 +1,200 @@
+"""``attnmt serve``'s requests and answers: the JSON bodies, their checks, the limits, the page.
+
+Endpoints (every error is JSON ``{"error": "one line"}``, never a traceback):
+
+- ``POST /translate`` ``{"text": [...] or "...", "beam_size", "nbest", "length_penalty", "sampling",
+  "temperature", "top_k", "top_p", "seed"}``: the options and checks of ``attnmt translate``; a bad field
+  is 422 naming it; more than ``max_sentences`` sentences or a sentence over ``max_chars`` characters is
+  413, and so is a body over what those allow. Answers ``{"translations": [{"outputs": [{"text",
+  "score"}], "truncated"}]}``, one entry per sentence in order (a score is null where the model has none
+  to give: a CTranslate2 export's single output).
+- ``POST /attention`` ``{"text": "...", "beam_size", "length_penalty"}``: the best translation, its
+  score, the word alignment ``attnmt align`` would read (``[source word, target word]`` pairs) and every
+  layer and head of the cross-, encoder self- and decoder self-attention in the explorer's data format
+  (``explorer.Packed``: ``data``, ``weights``, ``bytes``).
+- ``GET /health``: ``{"status": "ok", "pending": requests waiting}``; ``GET /info``: the model, its
+  languages, parameters, decode defaults, the limits and what the batcher has done.
+- ``GET /``: the page (``attnmt/page/serve.*`` with the explorer's heatmap and lines); ``GET /docs``:
+  the OpenAPI page, its script and style served from the ``swagger-ui-bundle`` package, not a CDN.
+
+One JSON line per request goes to stderr (``access_line``): time, client, method, path, status, latency
+in ms, sentences and source pieces. The routes are ``server.py``'s.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, model_validator
+from starlette.requests import Request
+
+from .batcher import Settings
+from .decode import Sampling
+from .translator import Translation, Translator, with_overrides
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may hold: sentences (``max_sentences``), characters per sentence (``max_chars``);
+    the body may hold what they allow, JSON-escaped, and some room for the options."""
+
+    max_sentences: int = 100
+    max_chars: int = 2000
+
+    @property
+    def max_body(self) -> int:
+        return self.max_sentences * (self.max_chars * 12 + 8) + 4096  # "\uXXXX" per UTF-16 unit, two a char
+
+
+@dataclass
+class Served:
+    """The model behind the server: its translator, where it came from, and its description for /info."""
+
+    translator: Translator
+    path: Path
+    info: dict
+    limits: Limits = field(default_factory=Limits)
+    cut: bool = False  # a request was cancelled before it was answered (the shutdown ran out of time)
+
+
+class TooLarge(Exception):
+    """A request over the limits (HTTP 413)."""
+
+
+class Refused(Exception):
+    """A request whose fields are each valid but do not go together (HTTP 422)."""
+
+
+Number = StrictInt | StrictFloat
+
+
+class TranslateRequest(BaseModel):
+    """The body of ``POST /translate``: ``attnmt translate``'s options."""
+
+    model_config = ConfigDict(extra="forbid")
+    text: list[str] | str = Field(description="One sentence, or a list of them.")
+    beam_size: StrictInt | None = Field(None, ge=1, description="1: greedy; default the model's.")
+    nbest: StrictInt = Field(1, ge=1, description="Outputs per sentence.")
+    length_penalty: Number | None = Field(None, ge=0, description="GNMT alpha; default the model's.")
+    sampling: StrictBool = Field(False, description="Draw instead of searching (nbest samples).")
+    temperature: Number | None = Field(None, gt=0)
+    top_k: StrictInt | None = Field(None, ge=0)
+    top_p: Number | None = Field(None, gt=0, le=1)
+    seed: StrictInt | None = Field(None, ge=0, le=2**64 - 1)
+
+    @model_validator(mode="after")
+    def _sampling_options(self) -> TranslateRequest:
+        options = ("temperature", "top_k", "top_p", "seed")
+        given = [name for name in options if getattr(self, name) is not None]
+        if given and not self.sampling:
+            raise ValueError(f"{given[0]} is a sampling option: add \"sampling\": true")
+        if self.sampling and self.beam_size is not None and self.beam_size > 1:
+            raise ValueError(f"sampling draws instead of searching: it cannot be used with beam_size "
+                             f"{self.beam_size}")
+        for name in ("length_penalty", "temperature", "top_p"):
+            value = getattr(self, name)
+            if value is not None and not math.isfinite(value):
+                raise ValueError(f"{name}: expected a finite number")
+        return self
+
+    def sampling_settings(self) -> Sampling | None:
+        """``attnmt translate --sampling``'s defaults for the options not given; None without sampling."""
+        if not self.sampling:
+            return None
+        given = {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p, "seed": self.seed}
+        return Sampling(**{name: value for name, value in given.items() if value is not None})
+
+    def lines(self) -> list[str]:
+        return [self.text] if isinstance(self.text, str) else list(self.text)
+
+
+class AttentionRequest(BaseModel):
+    """The body of ``POST /attention``: one sentence and how to search for its translation."""
+
+    model_config = ConfigDict(extra="forbid")
+    text: str = Field(description="One sentence.")
+    beam_size: StrictInt | None = Field(None, ge=1)
+    length_penalty: Number | None = Field(None, ge=0)
+
+
+def settings_for(translator: Translator, beam_size: int | None, nbest: int, length_penalty: float | None,
+                 sampling: Sampling | None) -> Settings:
+    """The request's settings over the model's decode defaults, checked as ``attnmt translate`` checks."""
+    d = translator.decode
+    beam = beam_size if beam_size is not None else (nbest if sampling else max(d.beam_size, nbest))
+    if nbest > beam and sampling is None:
+        raise Refused(f"nbest {nbest} must not exceed the beam size {beam}")
+    if beam > translator.tokenizer.tgt_vocab_size:
+        raise Refused(f"beam_size {beam} exceeds the target vocabulary "
+                      f"({translator.tokenizer.tgt_vocab_size} pieces)")
+    penalty = length_penalty if length_penalty is not None else d.length_penalty
+    return Settings(beam, nbest, float(penalty), sampling)
+
+
+def variant_maker(translator: Translator) -> Callable[[Settings], Translator]:
+    """``Batcher``'s ``variant``: the translator with a request's settings (kept, but for sampling, whose
+    draws must start from the request's seed)."""
+    cache: dict[Settings, Translator] = {}
+
+    def variant(settings: Settings) -> Translator:
+        if settings in cache:
+            return cache[settings]
+        decode = with_overrides(translator.decode, translator.tokenizer.tgt_vocab_size,
+                                settings.beam_size if settings.sampling is None else settings.nbest,
+                                settings.nbest, settings.length_penalty)
+        made = translator.with_settings(decode, settings.sampling)
+        if settings.sampling is None and len(cache) < 64:
+            cache[settings] = made
+        return made
+
+    return variant
+
+
+def one_line(errors: list[dict]) -> str:
+    """A pydantic validation error as one line: where (``text[2]``, ``beam_size``) and what."""
+    first = errors[0]
+    if first.get("type") == "json_invalid":
+        return f"the body is not valid JSON: {first.get('ctx', {}).get('error', first.get('msg'))}"
+    where = ""
+    for part in first.get("loc", ())[1:] if first.get("loc", ("",))[0] == "body" else first.get("loc", ()):
+        where += f"[{part}]" if isinstance(part, int) else (f".{part}" if where else str(part))
+    message = first.get("msg", "invalid").removeprefix("Value error, ")
+    return f"{where}: {message}" if where else message
+
+
+def access_line(request: Request, status: int, started: float) -> str:
+    state = request.state
+    return json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                       "client": request.client.host if request.client else None,
+                       "method": request.method, "path": request.url.path, "status": status,
+                       "ms": round((time.perf_counter() - started) * 1000, 2),
+                       "sentences": getattr(state, "sentences", 0), "tokens": getattr(state, "tokens", 0)})
+
+
+def outputs(result: Translation) -> dict:
+    return {"outputs": [{"text": text, "score": score if math.isfinite(score) else None}
+                        for text, score in result.outputs], "truncated": result.truncated}
+
+
+def page_html() -> str:
+    """``/``: the serve page's body and script with the explorer's controls, style and script."""
+    files = resources.files("attnmt") / "page"
+    read = {name: (files / name).read_text(encoding="utf-8") for name in
+            ("explorer.css", "serve.css", "serve_body.html", "explorer_body.html", "explorer.js", "serve.js")}
+    return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+            "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
+            "<link rel=\"icon\" href=\"data:,\">\n<title>attnmt</title>\n"
+            f"<style>{read['explorer.css']}{read['serve.css']}</style>\n</head>\n<body data-draws=\"0\">\n"
+            f"{read['serve_body.html']}<section id=\"serve-attention\" hidden>\n{read['explorer_body.html']}"
+            f"</section>\n<script>{read['explorer.js']}</script>\n<script>{read['serve.js']}</script>\n"
+            "</body>\n</html>\n")
+
+
+PAGE_POLICY = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:; "
+               "connect-src 'self'; base-uri 'none'; form-action 'none'")

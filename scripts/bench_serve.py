@@ -1,0 +1,192 @@
+"""``attnmt serve`` under load on loopback, beside ``attnmt translate`` on the same sentences in one file.
+
+N concurrent clients (default 1, 8, 32, 128), each sending one sentence per request and the next as soon
+as the answer comes, until every sentence of the file has been sent once (bounded in count) or
+``--seconds`` pass (bounded in time); per level: sentences/s, p50/p95/p99 latency, errors, and the
+server's RSS before and after. ``translate`` runs on the same sentences in one file, timed with its
+start-up (imports, model load) taken out: the time of the file minus the time of one sentence.
+
+    python scripts/bench_serve.py runs/demo --src runs/demo/toy/test.en
+    python scripts/bench_serve.py runs/bootstrap_de_en_eflomal/forward \
+        --src ../shared/data/multi30k/test_2016_flickr.de.gz --clients 1 8 32 128
+    python scripts/bench_serve.py runs/demo --src runs/demo/toy/test.en --soak 10000 100000 --clients 32
+
+``--soak A B``: RSS after A requests and after B (the goal: B's within 10% of A's), with the clients
+cycling through the file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from attnmt.data import read_lines
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS")
+
+
+def start_server(model: str, args: list[str]) -> tuple[subprocess.Popen, str]:
+    process = subprocess.Popen([sys.executable, "-m", "attnmt", "serve", model, "--port", "0", *args],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    first = process.stderr.readline()
+    if not first.startswith("attnmt serve: http://"):
+        process.kill()
+        raise SystemExit(f"the server did not start: {first}{process.stderr.read()}")
+    url = first.split()[2]
+    for _ in range(600):
+        try:
+            if httpx.get(url + "/health", timeout=5).status_code == 200:
+                break
+        except httpx.TransportError:
+            time.sleep(0.1)
+    # The access log goes to stderr: read it away, or the server blocks on a full pipe.
+    threading.Thread(target=process.stderr.read, daemon=True).start()
+    return process, url
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
+
+
+async def load(url: str, sentences: list[str], clients: int, total: int, seconds: float) -> dict:
+    """``clients`` workers over one connection pool; each takes the next sentence until ``total`` are sent
+    or ``seconds`` pass."""
+    latencies: list[float] = []
+    errors = 0
+    sent = 0
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    started = time.perf_counter()
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
+        async def worker() -> None:
+            nonlocal sent, errors
+            while sent < total and time.perf_counter() - started < seconds:
+                text = sentences[sent % len(sentences)]
+                sent += 1
+                t0 = time.perf_counter()
+                try:
+                    answer = await client.post("/translate", json={"text": text})
+                    ok = answer.status_code == 200
+                except httpx.HTTPError:
+                    ok = False
+                latencies.append(time.perf_counter() - t0)
+                errors += not ok
+
+        await asyncio.gather(*(worker() for _ in range(clients)))
+    elapsed = time.perf_counter() - started
+    return {"clients": clients, "requests": len(latencies), "errors": errors, "seconds": round(elapsed, 2),
+            "sentences_per_s": round(len(latencies) / elapsed, 1),
+            **{f"p{q}_ms": round(percentile(latencies, q) * 1000, 1) for q in (50, 95, 99)}}
+
+
+def translate_rate(model: str, src: Path, lines: int) -> dict:
+    """``attnmt translate`` on the file, its start-up taken out (the time of one sentence)."""
+    def timed(*args: str) -> float:
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "attnmt", "translate", model, *args], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return time.perf_counter() - t0
+
+    one = timed("a")
+    whole = timed("-i", str(src))
+    return {"sentences": lines, "seconds": round(whole, 2), "startup_s": round(one, 2),
+            "sentences_per_s": round(lines / max(whole - one, 1e-9), 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model")
+    parser.add_argument("--src", type=Path, required=True, help="Sentences, one per line (plain or .gz).")
+    parser.add_argument("--limit", type=int, default=1000, help="The first N sentences of --src.")
+    parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32, 128])
+    parser.add_argument("--seconds", type=float, default=120, help="At most this long per level.")
+    parser.add_argument("--soak", type=int, nargs=2, metavar=("A", "B"), help="RSS after A and B requests.")
+    parser.add_argument("--serve-args", default="", help="More options for attnmt serve.")
+    parser.add_argument("--json", type=Path, help="Write the results here too.")
+    args = parser.parse_args()
+    sentences = [line for line in read_lines(args.src) if line.strip()][: args.limit]
+    src = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench_serve_{os.getpid()}.txt"
+    src.write_text("".join(s + "\n" for s in sentences), encoding="utf-8")
+    out: dict = {"model": args.model, "sentences": len(sentences), "cpu": os.cpu_count()}
+    try:
+        if not args.soak:
+            out["translate"] = translate_rate(args.model, src, len(sentences))
+            print(f"attnmt translate: {out['translate']}", flush=True)
+        process, url = start_server(args.model, args.serve_args.split())
+        try:
+            out["rss_start_mib"] = round(rss_mib(process.pid), 1)
+            out["levels"] = []
+            if args.soak:
+                first, second = args.soak
+                for clients in args.clients:
+                    asyncio.run(load(url, sentences, clients, first, 1e9))
+                    out["rss_after_a_mib"] = round(rss_mib(process.pid), 1)
+                    level = asyncio.run(load(url, sentences, clients, second - first, 1e9))
+                    out["rss_after_b_mib"] = round(rss_mib(process.pid), 1)
+                    out["levels"].append(level)
+                    print(f"soak: {out}", flush=True)
+            else:
+                for clients in args.clients:
+                    level = asyncio.run(load(url, sentences, clients, len(sentences), args.seconds))
+                    level["rss_after_mib"] = round(rss_mib(process.pid), 1)
+                    out["levels"].append(level)
+                    print(level, flush=True)
+            out["server_exit"] = stop(process)
+        finally:
+            if process.poll() is None:
+                process.kill()
+    finally:
+        src.unlink(missing_ok=True)
+    report(out)
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
+
+
+def stop(process: subprocess.Popen) -> int:
+    process.terminate()
+    return process.wait(120)
+
+
+def report(out: dict) -> None:
+    base = out.get("translate", {}).get("sentences_per_s")
+    print(f"\n{out['sentences']} sentences, {out['cpu']} CPU(s); "
+          f"server RSS at start {out['rss_start_mib']} MiB")
+    if base:
+        print(f"attnmt translate on one file: {base} sentences/s (start-up {out['translate']['startup_s']} s "
+              "taken out)")
+    print("| clients | requests | errors | sentences/s | x translate | p50 ms | p95 ms | p99 ms "
+          "| RSS after MiB |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for level in out["levels"]:
+        ratio = f"{level['sentences_per_s'] / base:.2f}" if base else "-"
+        print(f"| {level['clients']} | {level['requests']} | {level['errors']} | "
+              f"{level['sentences_per_s']} | {ratio} | {level['p50_ms']} | {level['p95_ms']} | "
+              f"{level['p99_ms']} | {level.get('rss_after_mib', out.get('rss_after_b_mib'))} |")
+    if "rss_after_a_mib" in out:
+        a, b = out["rss_after_a_mib"], out["rss_after_b_mib"]
+        print(f"RSS after the first requests {a} MiB, after all {b} MiB: {b / a - 1:+.1%}")
+    print(f"server exit code after SIGTERM: {out.get('server_exit')}")
+
+
+if __name__ == "__main__":
+    main()
