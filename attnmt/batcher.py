@@ -1,13 +1,17 @@
 """Dynamic batching for ``attnmt serve``: requests that arrive close together are decoded together.
 
-One worker thread owns the model. Requests (``submit``) wait in one queue, first come first served. The
-worker takes the oldest request, then keeps taking requests with the same decode settings (``Settings``)
-until their sentences would pass ``max_batch_tokens`` source pieces (EOS included) x beam rows, or
-``max_wait_s`` has passed since the oldest arrived; then it translates their
-sentences in one ``Translator.translate`` call (which sorts them by length and cuts them to the model's
-own token budget) and hands each request its own results. A request with other settings stays queued, in
-its place, for the next batch. A request with sampling is decoded alone, its draws following its own
-seed, so that the same request always gets the same samples.
+One worker thread decodes (in ``attnmt serve`` it hands each batch to the decoder process,
+``decoder_process.py``). Requests (``submit``) wait in one queue, first come first served. The
+worker takes the oldest request, then waits for requests with the same decode settings (``Settings``)
+until as many are waiting as the last batch answered plus those that waited beside it (clients that wait
+for their answers send again as soon as they have them: without this, 32 such clients settle into two
+alternating batches of 16), or their sentences would pass ``max_batch_tokens`` source pieces (EOS
+included) x beam rows, or ``max_wait_s`` has passed since the oldest arrived or the last batch was
+answered, whichever is later; then it takes them, oldest first, within the budget,
+and translates their sentences in one ``Translator.translate`` call (which sorts them by length and cuts
+them to the model's own token budget) and hands each request its own results. A request with other
+settings stays queued, in its place, for the next batch. A request with sampling is decoded alone, its
+draws following its own seed, so that the same request always gets the same samples.
 
 A sentence's translation never depends on what it was batched with: batched search equals search one
 sentence at a time (``tests/test_decode.py``, ``tests/test_serve.py`` through a server).
@@ -72,12 +76,16 @@ class Batcher:
     when it runs: sentencepiece takes microseconds a line, a decode milliseconds)."""
 
     def __init__(self, variant: Callable[[Settings], Translator], measure: Callable[[Sequence[str]], int],
-                 max_batch_tokens: int = 4096, max_wait_s: float = 0.005) -> None:
+                 max_batch_tokens: int = 4096, max_wait_s: float = 0.01) -> None:
         if max_batch_tokens < 1 or not max_wait_s >= 0:
             raise ValueError(f"max_batch_tokens {max_batch_tokens} and max_wait_s {max_wait_s}")
         self.variant, self.measure = variant, measure
         self.max_batch_tokens, self.max_wait_s = max_batch_tokens, max_wait_s
         self.stats = Stats()
+        # Clients that wait for their answers send again as soon as they have them: after a batch, as many
+        # requests as it answered are expected back, besides those waiting; ``_next`` waits for them.
+        self._expected = 1
+        self._finished = 0.0  # when the last batch was answered (time.monotonic)
         self._queue: deque[_Job] = deque()
         self._cond = threading.Condition()
         self._closed = False
@@ -135,11 +143,15 @@ class Batcher:
             first = self._queue[0]
             if first.settings is None or first.settings.sampling is not None:
                 return [self._queue.popleft()]
-            while not self._closed and self._room(first.settings) > 0:
-                left = first.arrived + self.max_wait_s - time.monotonic()
+            while (not self._closed and self._room(first.settings) > 0
+                   and self._waiting(first.settings) < self._expected):
+                left = max(first.arrived, self._finished) + self.max_wait_s - time.monotonic()
                 if left <= 0 or not self._cond.wait(left):
                     break
             return self._take(first.settings)
+
+    def _waiting(self, settings: Settings) -> int:
+        return sum(1 for job in self._queue if job.settings == settings)
 
     def _room(self, settings: Settings) -> int:
         """The budget left if every waiting job with these settings joined the batch (caller holds the
@@ -180,6 +192,9 @@ class Batcher:
             return out
 
         self._settle(live, translate)
+        with self._cond:
+            self._expected = max(1, len(live) + len(self._queue))
+            self._finished = time.monotonic()
 
     @staticmethod
     def _settle(jobs: list[_Job], work: Callable[[], list]) -> None:

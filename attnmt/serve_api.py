@@ -56,11 +56,39 @@ class Limits:
 class Served:
     """The model behind the server: its translator, where it came from, and its description for /info."""
 
-    translator: Translator
+    translator: Translator  # for the settings and the tokenizer; the decoding is ``draw``'s and the batcher's
     path: Path
     info: dict
+    draw: Callable[[str, str], object]  # (sentence, translation) -> explorer.Packed, on the batcher's thread
+    log: Callable[[str], None]  # one access line (``AccessLog.write``)
     limits: Limits = field(default_factory=Limits)
     cut: bool = False  # a request was cancelled before it was answered (the shutdown ran out of time)
+
+
+class AccessLog:
+    """One line per request to stderr, written by a thread of its own (``logging``'s queue handler and
+    listener): a slow reader of stderr (a full pipe) must not stall the event loop that answers requests."""
+
+    def __init__(self, stream=None) -> None:
+        import logging
+        import logging.handlers
+        import queue
+        import sys
+
+        lines: queue.SimpleQueue = queue.SimpleQueue()
+        handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        self.listener = logging.handlers.QueueListener(lines, handler)
+        self.listener.start()
+        self.logger = logging.Logger("attnmt.access")  # not the root logger's: nothing else writes here
+        self.logger.addHandler(logging.handlers.QueueHandler(lines))
+
+    def write(self, line: str) -> None:
+        self.logger.info(line)
+
+    def close(self) -> None:
+        """Write what is queued, then stop the thread."""
+        self.listener.stop()
 
 
 class TooLarge(Exception):

@@ -20,11 +20,8 @@ from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 
-from .alignment import AlignOptions
-from .attention_maps import explorer_sentences
 from .batcher import Batcher, Closed
 from .errors import AttnmtError, ConfigError, DataError
-from .explorer import pack
 from .serve_api import (
     PAGE_POLICY,
     AttentionRequest,
@@ -37,8 +34,6 @@ from .serve_api import (
     outputs,
     settings_for,
 )
-
-KINDS = ("cross", "enc_self", "dec_self")
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -95,8 +90,7 @@ def _add_middleware(app: FastAPI, served: Served) -> None:
             first = str(e).splitlines()[0] if str(e) else ""
             return _error(500, f"internal error: {type(e).__name__}: {first}")
         finally:
-            sys.stderr.write(access_line(request, status, started) + "\n")
-            sys.stderr.flush()
+            served.log(access_line(request, status, started))
 
 
 def _check_size(served: Served, lines: list[str]) -> None:
@@ -126,7 +120,7 @@ def _add_routes(app: FastAPI, served: Served, batcher: Batcher, page: str) -> No
     @app.post("/attention", summary="Translate one sentence; its attention and word alignment.")
     async def attention(body: AttentionRequest, request: Request) -> JSONResponse:
         _check_size(served, [body.text])
-        if translator.model is None:
+        if not served.info["attention"]:
             return _error(409, "attention maps need the checkpoint: a CTranslate2 export translates only")
         if not body.text.strip():
             raise Refused("text: expected a sentence, got an empty one")
@@ -135,10 +129,7 @@ def _add_routes(app: FastAPI, served: Served, batcher: Batcher, page: str) -> No
         (found,) = await asyncio.wrap_future(batcher.submit([body.text], settings))
         text, score = found.outputs[0]
 
-        def draw():  # no pair when the translation is empty: nothing to draw
-            return pack(explorer_sentences(translator, [body.text], [text], KINDS, AlignOptions()), level=1)
-
-        packed = await asyncio.wrap_future(batcher.call(draw))
+        packed = await asyncio.wrap_future(batcher.call(lambda: served.draw(body.text, text)))
         links = packed.data["sentences"][0]["links"] if packed.data["sentences"] else []
         return JSONResponse({"translation": text, "score": score, "truncated": found.truncated,
                              "alignment": links, "data": packed.data, "weights": packed.weights,
@@ -154,7 +145,8 @@ def _add_routes(app: FastAPI, served: Served, batcher: Batcher, page: str) -> No
         return {**served.info, "limits": {"max_sentences": served.limits.max_sentences,
                                           "max_chars": served.limits.max_chars},
                 "batching": {"max_batch_tokens": batcher.max_batch_tokens,
-                             "max_wait_ms": batcher.max_wait_s * 1000, "batches": stats.batches,
+                             "max_wait_ms": batcher.max_wait_s * 1000,
+                             "batches": stats.batches,
                              "sentences": stats.sentences, "largest": stats.largest}}
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)

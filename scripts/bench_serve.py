@@ -3,8 +3,11 @@
 N concurrent clients (default 1, 8, 32, 128), each sending one sentence per request and the next as soon
 as the answer comes, until every sentence of the file has been sent once (bounded in count) or
 ``--seconds`` pass (bounded in time); per level: sentences/s, p50/p95/p99 latency, errors, and the
-server's RSS before and after. ``translate`` runs on the same sentences in one file, timed with its
-start-up (imports, model load) taken out: the time of the file minus the time of one sentence.
+server's RSS before and after; greedy unless ``--beam-size``. ``translate`` runs on the same sentences in
+one file, timed with its start-up (imports, model load) taken out: the time of the file minus the time
+of one sentence. Beside each level, the ceiling of any server that decodes what has arrived: the
+translator in this process on the same sentences in consecutive groups of N (N clients that each wait
+for their answer never have more than N sentences waiting).
 
     python scripts/bench_serve.py runs/demo --src runs/demo/toy/test.en
     python scripts/bench_serve.py runs/bootstrap_de_en_eflomal/forward \
@@ -23,11 +26,11 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
+import urllib.request
 from pathlib import Path
 
-import httpx
+import aiohttp
 
 from attnmt.data import read_lines
 
@@ -35,29 +38,38 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def rss_mib(pid: int) -> float:
+    """The resident memory of the server and its children (the decoder process), MiB."""
+    total = 0.0
     with open(f"/proc/{pid}/status", encoding="ascii") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS")
+        total += next(int(line.split()[1]) for line in status if line.startswith("VmRSS:")) / 1024
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text(encoding="ascii").split():
+            total += rss_mib(int(child))
+    return total
 
 
-def start_server(model: str, args: list[str]) -> tuple[subprocess.Popen, str]:
-    process = subprocess.Popen([sys.executable, "-m", "attnmt", "serve", model, "--port", "0", *args],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    first = process.stderr.readline()
+def start_server(model: str, args: list[str], log: Path) -> tuple[subprocess.Popen, str]:
+    """The server, its stderr (the access log) to a file: a pipe this process drains would be read only
+    when the clients' event loop lets go of the interpreter, and the server would wait on it."""
+    with open(log, "w", encoding="utf-8") as stderr:
+        process = subprocess.Popen([sys.executable, "-m", "attnmt", "serve", model, "--port", "0", *args],
+                                   stdout=subprocess.DEVNULL, stderr=stderr)
+    for _ in range(1200):
+        first = log.read_text(encoding="utf-8").split("\n")[0]
+        if first.startswith("attnmt serve: http://") or process.poll() is not None:
+            break
+        time.sleep(0.05)
     if not first.startswith("attnmt serve: http://"):
         process.kill()
-        raise SystemExit(f"the server did not start: {first}{process.stderr.read()}")
+        raise SystemExit(f"the server did not start: {log.read_text(encoding='utf-8')}")
     url = first.split()[2]
     for _ in range(600):
         try:
-            if httpx.get(url + "/health", timeout=5).status_code == 200:
-                break
-        except httpx.TransportError:
+            with urllib.request.urlopen(url + "/health", timeout=5) as answer:
+                if answer.status == 200:
+                    break
+        except OSError:
             time.sleep(0.1)
-    # The access log goes to stderr: read it away, or the server blocks on a full pipe.
-    threading.Thread(target=process.stderr.read, daemon=True).start()
     return process, url
 
 
@@ -68,15 +80,19 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
 
 
-async def load(url: str, sentences: list[str], clients: int, total: int, seconds: float) -> dict:
-    """``clients`` workers over one connection pool; each takes the next sentence until ``total`` are sent
-    or ``seconds`` pass."""
+async def load(url: str, sentences: list[str], clients: int, total: int, seconds: float, beam: int) -> dict:
+    """``clients`` workers over one connection pool (aiohttp: httpx's pool, not the server, capped this at
+    about 230 requests/s with 128 connections); each takes the next sentence until ``total`` are sent or
+    ``seconds`` pass."""
     latencies: list[float] = []
     errors = 0
     sent = 0
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    started = time.perf_counter()
-    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
+    async with aiohttp.ClientSession(url, connector=aiohttp.TCPConnector(limit=clients),
+                                     timeout=aiohttp.ClientTimeout(total=300)) as client:
+        async with client.get("/info") as answer:
+            before = (await answer.json())["batching"]
+        started = time.perf_counter()
+
         async def worker() -> None:
             nonlocal sent, errors
             while sent < total and time.perf_counter() - started < seconds:
@@ -84,25 +100,31 @@ async def load(url: str, sentences: list[str], clients: int, total: int, seconds
                 sent += 1
                 t0 = time.perf_counter()
                 try:
-                    answer = await client.post("/translate", json={"text": text})
-                    ok = answer.status_code == 200
-                except httpx.HTTPError:
+                    async with client.post("/translate", json={"text": text, "beam_size": beam}) as answer:
+                        await answer.read()
+                        ok = answer.status == 200
+                except aiohttp.ClientError:
                     ok = False
                 latencies.append(time.perf_counter() - t0)
                 errors += not ok
 
         await asyncio.gather(*(worker() for _ in range(clients)))
-    elapsed = time.perf_counter() - started
+        elapsed = time.perf_counter() - started
+        async with client.get("/info") as answer:
+            after = (await answer.json())["batching"]
+    batches = after["batches"] - before["batches"]
     return {"clients": clients, "requests": len(latencies), "errors": errors, "seconds": round(elapsed, 2),
             "sentences_per_s": round(len(latencies) / elapsed, 1),
-            **{f"p{q}_ms": round(percentile(latencies, q) * 1000, 1) for q in (50, 95, 99)}}
+            **{f"p{q}_ms": round(percentile(latencies, q) * 1000, 1) for q in (50, 95, 99)},
+            "mean_batch": round((after["sentences"] - before["sentences"]) / max(batches, 1), 1)}
 
 
-def translate_rate(model: str, src: Path, lines: int) -> dict:
+def translate_rate(model: str, src: Path, lines: int, beam: int) -> dict:
     """``attnmt translate`` on the file, its start-up taken out (the time of one sentence)."""
     def timed(*args: str) -> float:
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "attnmt", "translate", model, *args], check=True,
+        subprocess.run([sys.executable, "-m", "attnmt", "translate", model, "--beam-size", str(beam), *args],
+                       check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         return time.perf_counter() - t0
 
@@ -112,6 +134,22 @@ def translate_rate(model: str, src: Path, lines: int) -> dict:
             "sentences_per_s": round(lines / max(whole - one, 1e-9), 1)}
 
 
+def group_rates(model: str, sentences: list[str], sizes: list[int], beam: int) -> dict[int, float]:
+    """The ceiling of a server that decodes what has arrived: the translator in this process on the same
+    sentences, in consecutive groups of N (N concurrent clients can have at most N sentences waiting)."""
+    from attnmt.cli.common import open_translator
+
+    translator, _, _ = open_translator(Path(model), beam_size=beam)
+    translator.translate(sentences[:8])  # warm
+    rates = {}
+    for size in sizes:
+        started = time.perf_counter()
+        for k in range(0, len(sentences), size):
+            translator.translate(sentences[k:k + size])
+        rates[size] = round(len(sentences) / (time.perf_counter() - started), 1)
+    return rates
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -119,6 +157,7 @@ def main() -> None:
     parser.add_argument("--src", type=Path, required=True, help="Sentences, one per line (plain or .gz).")
     parser.add_argument("--limit", type=int, default=1000, help="The first N sentences of --src.")
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32, 128])
+    parser.add_argument("--beam-size", type=int, default=1, help="Every request's, and translate's.")
     parser.add_argument("--seconds", type=float, default=120, help="At most this long per level.")
     parser.add_argument("--soak", type=int, nargs=2, metavar=("A", "B"), help="RSS after A and B requests.")
     parser.add_argument("--serve-args", default="", help="More options for attnmt serve.")
@@ -127,27 +166,31 @@ def main() -> None:
     sentences = [line for line in read_lines(args.src) if line.strip()][: args.limit]
     src = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench_serve_{os.getpid()}.txt"
     src.write_text("".join(s + "\n" for s in sentences), encoding="utf-8")
-    out: dict = {"model": args.model, "sentences": len(sentences), "cpu": os.cpu_count()}
+    out: dict = {"model": args.model, "sentences": len(sentences), "cpu": os.cpu_count(),
+                 "beam_size": args.beam_size}
     try:
         if not args.soak:
-            out["translate"] = translate_rate(args.model, src, len(sentences))
+            out["translate"] = translate_rate(args.model, src, len(sentences), args.beam_size)
             print(f"attnmt translate: {out['translate']}", flush=True)
-        process, url = start_server(args.model, args.serve_args.split())
+            out["groups"] = group_rates(args.model, sentences, args.clients, args.beam_size)
+            print(f"in-process groups of N: {out['groups']}", flush=True)
+        process, url = start_server(args.model, args.serve_args.split(), src.with_suffix(".log"))
         try:
             out["rss_start_mib"] = round(rss_mib(process.pid), 1)
             out["levels"] = []
             if args.soak:
                 first, second = args.soak
                 for clients in args.clients:
-                    asyncio.run(load(url, sentences, clients, first, 1e9))
+                    asyncio.run(load(url, sentences, clients, first, 1e9, args.beam_size))
                     out["rss_after_a_mib"] = round(rss_mib(process.pid), 1)
-                    level = asyncio.run(load(url, sentences, clients, second - first, 1e9))
+                    level = asyncio.run(load(url, sentences, clients, second - first, 1e9, args.beam_size))
                     out["rss_after_b_mib"] = round(rss_mib(process.pid), 1)
                     out["levels"].append(level)
                     print(f"soak: {out}", flush=True)
             else:
                 for clients in args.clients:
-                    level = asyncio.run(load(url, sentences, clients, len(sentences), args.seconds))
+                    level = asyncio.run(load(url, sentences, clients, len(sentences), args.seconds,
+                                                    args.beam_size))
                     level["rss_after_mib"] = round(rss_mib(process.pid), 1)
                     out["levels"].append(level)
                     print(level, flush=True)
@@ -157,6 +200,7 @@ def main() -> None:
                 process.kill()
     finally:
         src.unlink(missing_ok=True)
+        src.with_suffix(".log").unlink(missing_ok=True)
     report(out)
     if args.json:
         args.json.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
@@ -174,14 +218,17 @@ def report(out: dict) -> None:
     if base:
         print(f"attnmt translate on one file: {base} sentences/s (start-up {out['translate']['startup_s']} s "
               "taken out)")
-    print("| clients | requests | errors | sentences/s | x translate | p50 ms | p95 ms | p99 ms "
-          "| RSS after MiB |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| clients | requests | errors | sentences/s | x translate | in-process groups of N, x translate "
+          "| p50 ms | p95 ms | p99 ms | mean batch | RSS after MiB |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for level in out["levels"]:
         ratio = f"{level['sentences_per_s'] / base:.2f}" if base else "-"
+        group = out.get("groups", {}).get(level["clients"])
+        ceiling = f"{group} ({group / base:.2f})" if base and group else "-"
         print(f"| {level['clients']} | {level['requests']} | {level['errors']} | "
-              f"{level['sentences_per_s']} | {ratio} | {level['p50_ms']} | {level['p95_ms']} | "
-              f"{level['p99_ms']} | {level.get('rss_after_mib', out.get('rss_after_b_mib'))} |")
+              f"{level['sentences_per_s']} | {ratio} | {ceiling} | {level['p50_ms']} | {level['p95_ms']} | "
+              f"{level['p99_ms']} | {level['mean_batch']} | "
+              f"{level.get('rss_after_mib', out.get('rss_after_b_mib'))} |")
     if "rss_after_a_mib" in out:
         a, b = out["rss_after_a_mib"], out["rss_after_b_mib"]
         print(f"RSS after the first requests {a} MiB, after all {b} MiB: {b / a - 1:+.1%}")

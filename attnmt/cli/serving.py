@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 import signal
 import socket
@@ -14,6 +15,7 @@ from typing import Annotated
 
 import typer
 
+from ..choices import Device
 from ..errors import ConfigError, ResourceError
 from .app import command
 from .common import open_translator
@@ -34,11 +36,15 @@ def serve(
                                                   "pieces x beam rows.")] = 4096,
     max_wait_ms: Annotated[float, typer.Option("--max-wait-ms", min=0, max=60_000, help="How long the "
                                                "oldest waiting request may wait for others to join "
-                                               "its batch.")] = 5.0,
+                                               "its batch, or after a batch for as many "
+                                               "requests as it answered.")] = 10.0,
     max_sentences: Annotated[int, typer.Option("--max-sentences", min=1, max=100_000, help="Sentences "
                                                "per request (more: HTTP 413).")] = 100,
     max_chars: Annotated[int, typer.Option("--max-chars", min=1, max=1_000_000, help="Characters per "
                                            "sentence (more: HTTP 413).")] = 2000,
+    threads: Annotated[int | None, typer.Option("--threads", min=1, max=1024, help="Intra-op threads of "
+                                                "the decoding process (default: half the cores, at least "
+                                                "one; the rest answer HTTP).", show_default=False)] = None,
     grace: Annotated[float, typer.Option("--grace", min=0, max=3600, help="On SIGTERM or Ctrl-C, seconds "
                                          "to finish the requests in flight (then exit 143 / 130).")] = 30.0,
     check: Annotated[bool, typer.Option("--check", help="Load the model, bind the port, print what "
@@ -56,13 +62,16 @@ def serve(
                           "pip install 'attnmt[serve]'") from None
     import math
 
+    from ..serve_api import Limits
+
     if not math.isfinite(max_wait_ms) or not math.isfinite(grace):
         raise ConfigError("--max-wait-ms and --grace take finite numbers")
     translator, cfg, path = open_translator(model, device)
     sock = _bind(host, port)
     try:
-        code = _run(sock, translator, cfg, path, max_batch_tokens, max_wait_ms / 1000, max_sentences,
-                    max_chars, grace, check)
+        threads = threads if threads is not None else max(1, len(os.sched_getaffinity(0)) // 2)
+        code = _run(sock, translator, cfg, path, (max_batch_tokens, max_wait_ms / 1000, threads),
+                    Limits(max_sentences, max_chars), grace, check)
     finally:
         sock.close()
     if code:
@@ -98,18 +107,33 @@ def _describe(translator, cfg, path: Path) -> dict:
             "decode": translator.decode.model_dump(mode="json")}
 
 
-def _run(sock, translator, cfg, path: Path, max_batch_tokens: int, max_wait_s: float, max_sentences: int,
-         max_chars: int, grace: float, check: bool) -> int:
-    """Serve until a signal; the exit code: 0, or 130 / 143 when requests in flight were cut."""
+def _run(sock, translator, cfg, path: Path, batching: tuple[int, float, int], limits, grace: float,
+         check: bool) -> int:
+    """Serve until a signal; the exit code: 0, or 130 / 143 when requests in flight were cut.
+    ``batching``: the budget in pieces, the wait in seconds and the decoding thread's intra-op threads."""
     import uvicorn
 
     from ..batcher import Batcher
-    from ..serve_api import Limits, Served, page_html, variant_maker
+    from ..decoder_process import DecoderProcess
+    from ..serve_api import AccessLog, Served, page_html
     from ..server import create_app
 
-    served = Served(translator, path, _describe(translator, cfg, path), Limits(max_sentences, max_chars))
+    info = {**_describe(translator, cfg, path), "decoder_threads": batching[2]}
+    host, port = sock.getsockname()[:2]
+    if check:  # the model loaded, the port bound, the page's files read: what serving needs, but a decoder
+        page_html()
+        sys.stderr.write(f"attnmt serve: http://{host}:{port} ({path}, {info['arch']}, "
+                         f"{info['src_lang']}-{info['tgt_lang']}) [check]\n")
+        return 0
+    for heavy in ("model", "engine"):  # the decoder process loads its own; this one reads settings and pieces
+        if hasattr(translator, heavy):
+            setattr(translator, heavy, None)
+    decoder = DecoderProcess(functools.partial(open_translator, path, Device(translator.device.type)),
+                             batching[2])
+    access = AccessLog()
+    served = Served(translator, path, info, decoder.draw, access.write, limits)
     measure = lambda lines: sum(len(ids) + 1 for ids in translator.tokenizer.encode_src(lines))  # noqa: E731
-    batcher = Batcher(variant_maker(translator), measure, max_batch_tokens, max_wait_s)
+    batcher = Batcher(decoder.variant, measure, *batching[:2])
     drained = True
 
     @contextlib.asynccontextmanager
@@ -117,23 +141,22 @@ def _run(sock, translator, cfg, path: Path, max_batch_tokens: int, max_wait_s: f
         nonlocal drained
         yield
         drained = batcher.close(grace)  # after uvicorn stopped taking requests and waited for its own
+        if drained:
+            decoder.close()
 
     app = create_app(served, batcher, page_html(), lifespan)
-    host, port = sock.getsockname()[:2]
-    sys.stderr.write(f"attnmt serve: http://{host}:{port} ({path}, {served.info['arch']}, "
-                     f"{served.info['src_lang']}-{served.info['tgt_lang']}){' [check]' if check else ''}\n")
+    sys.stderr.write(f"attnmt serve: http://{host}:{port} ({path}, {info['arch']}, "
+                     f"{info['src_lang']}-{info['tgt_lang']})\n")
     sys.stderr.flush()
-    if check:
-        batcher.close()
-        return 0
     config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=grace,
                             lifespan="on", server_header=False)
     server = _Server(config)
     server.run(sockets=[sock])
+    access.close()
     if server.stopped_by is None or not (served.cut or not drained or server.force_exit):
         return 0
-    # Requests were cut, and the decoding thread may still be inside torch: leave without the
-    # interpreter's shutdown, which would tear torch down under it (SIGABRT).
+    # Requests were cut, and the batcher's thread may still wait on the decoder: leave without the
+    # interpreter's shutdown (the decoder process ends when its pipe closes).
     sys.stderr.write(f"attnmt serve: stopped by {server.stopped_by.name} with requests unanswered "
                      f"(--grace {grace:g} s ran out)\n")
     sys.stderr.flush()
