@@ -237,9 +237,9 @@ def write_explorer(path: Path, sentences: Sequence[ExplorerSentence], title: str
 
 
 # ------------------------------------------------------------------------------------------ the page
-# The page's style, controls and script are package files beside this module (``page/``).
+# The page's style, controls and script are package files beside this module (``web/``).
 
-_PAGE = resources.files("attnmt") / "page"
+_PAGE = resources.files("attnmt") / "web"
 _STYLE = (_PAGE / "explorer.css").read_text(encoding="utf-8")
 _BODY = (_PAGE / "explorer_body.html").read_text(encoding="utf-8")
 _SCRIPT = (_PAGE / "explorer.js").read_text(encoding="utf-8")

@@ -9,7 +9,7 @@ Everything the page shows is JSON in a ``<script type="application/json">`` elem
 ``textContent`` only; the heatmaps are drawn on canvases by the page's script (a cell per weight, from white
 at 0 to the pattern's colour at 1, weights rounded to 3 decimals). The Content-Security-Policy is the
 explorer's: nothing but the page's own inline code and ``data:`` images. Style and script are package
-files, ``page/heads.css``, ``page/heads_body.html`` and ``page/heads.js``.
+files, ``web/heads.css``, ``web/heads_body.html`` and ``web/heads.js``.
 
 What the page's DOM offers (tests rely on these ids and classes):
 
@@ -110,7 +110,7 @@ def write_heads_page(path: Path, report: dict, sample: Sample | None, title: str
     return len(data)
 
 
-_PAGE = resources.files("attnmt") / "page"
+_PAGE = resources.files("attnmt") / "web"
 _STYLE = (_PAGE / "heads.css").read_text(encoding="utf-8")
 _BODY = (_PAGE / "heads_body.html").read_text(encoding="utf-8")
 _SCRIPT = (_PAGE / "heads.js").read_text(encoding="utf-8")

@@ -14,7 +14,7 @@ Endpoints (every error is JSON ``{"error": "one line"}``, never a traceback):
   (``explorer.Packed``: ``data``, ``weights``, ``bytes``).
 - ``GET /health``: ``{"status": "ok", "pending": requests waiting}``; ``GET /info``: the model, its
   languages, parameters, decode defaults, the limits and what the batcher has done.
-- ``GET /``: the page (``attnmt/page/serve.*`` with the explorer's heatmap and lines); ``GET /docs``:
+- ``GET /``: the page (``attnmt/web/serve.*`` with the explorer's heatmap and lines); ``GET /docs``:
   the OpenAPI page, its script and style served from the ``swagger-ui-bundle`` package, not a CDN.
 
 One JSON line per request goes to stderr (``access_line``): time, client, method, path, status, latency
@@ -212,7 +212,7 @@ def outputs(result: Translation) -> dict:
 
 def page_html() -> str:
     """``/``: the serve page's body and script with the explorer's controls, style and script."""
-    files = resources.files("attnmt") / "page"
+    files = resources.files("attnmt") / "web"
     read = {name: (files / name).read_text(encoding="utf-8") for name in
             ("explorer.css", "serve.css", "serve_body.html", "explorer_body.html", "explorer.js", "serve.js")}
     return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"

@@ -23,8 +23,8 @@ def test_a_built_wheel_carries_every_page_file(tmp_path):
     assert build.returncode == 0, build.stderr
     (wheel,) = (tmp_path / "dist").glob("attnmt-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    pages = sorted(p.name for p in (resources.files("attnmt") / "page").iterdir() if p.is_file())
+    pages = sorted(p.name for p in (resources.files("attnmt") / "web").iterdir() if p.is_file())
     assert {"explorer.js", "explorer.css", "explorer_body.html", "serve.js", "serve.css",
             "serve_body.html", "heads.js"} <= set(pages)
-    missing = [name for name in pages if f"attnmt/page/{name}" not in names]
+    missing = [name for name in pages if f"attnmt/web/{name}" not in names]
     assert missing == []
