@@ -76,7 +76,7 @@ class Batcher:
     when it runs: sentencepiece takes microseconds a line, a decode milliseconds)."""
 
     def __init__(self, variant: Callable[[Settings], Translator], measure: Callable[[Sequence[str]], int],
-                 max_batch_tokens: int = 4096, max_wait_s: float = 0.01) -> None:
+                 max_batch_tokens: int = 4096, max_wait_s: float = 0.04) -> None:
         if max_batch_tokens < 1 or not max_wait_s >= 0:
             raise ValueError(f"max_batch_tokens {max_batch_tokens} and max_wait_s {max_wait_s}")
         self.variant, self.measure = variant, measure

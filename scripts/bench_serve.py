@@ -7,7 +7,8 @@ server's RSS before and after; greedy unless ``--beam-size``. ``translate`` runs
 one file, timed with its start-up (imports, model load) taken out: the time of the file minus the time
 of one sentence. Beside each level, the ceiling of any server that decodes what has arrived: the
 translator in this process on the same sentences in consecutive groups of N (N clients that each wait
-for their answer never have more than N sentences waiting).
+for their answer never have more than N sentences waiting), in their order and sorted by length first
+(about what continuous batching could reach).
 
     python scripts/bench_serve.py runs/demo --src runs/demo/toy/test.en
     python scripts/bench_serve.py runs/bootstrap_de_en_eflomal/forward \
@@ -134,19 +135,25 @@ def translate_rate(model: str, src: Path, lines: int, beam: int) -> dict:
             "sentences_per_s": round(lines / max(whole - one, 1e-9), 1)}
 
 
-def group_rates(model: str, sentences: list[str], sizes: list[int], beam: int) -> dict[int, float]:
+def group_rates(model: str, sentences: list[str], sizes: list[int], beam: int) -> dict[str, dict[int, float]]:
     """The ceiling of a server that decodes what has arrived: the translator in this process on the same
-    sentences, in consecutive groups of N (N concurrent clients can have at most N sentences waiting)."""
+    sentences, in consecutive groups of N (N concurrent clients can have at most N sentences waiting),
+    in their order ("arrival") and sorted by length first ("sorted": about what continuous batching,
+    which keeps N rows decoding whatever their lengths, could reach)."""
     from attnmt.cli.common import open_translator
 
     translator, _, _ = open_translator(Path(model), beam_size=beam)
     translator.translate(sentences[:8])  # warm
-    rates = {}
+    pieces = [len(ids) for ids in translator.tokenizer.encode_src(sentences)]
+    orders = {"arrival": sentences,
+              "sorted": [sentences[i] for i in sorted(range(len(sentences)), key=pieces.__getitem__)]}
+    rates: dict[str, dict[int, float]] = {name: {} for name in orders}
     for size in sizes:
-        started = time.perf_counter()
-        for k in range(0, len(sentences), size):
-            translator.translate(sentences[k:k + size])
-        rates[size] = round(len(sentences) / (time.perf_counter() - started), 1)
+        for name, ordered in orders.items():
+            started = time.perf_counter()
+            for k in range(0, len(ordered), size):
+                translator.translate(ordered[k:k + size])
+            rates[name][size] = round(len(ordered) / (time.perf_counter() - started), 1)
     return rates
 
 
@@ -219,14 +226,17 @@ def report(out: dict) -> None:
         print(f"attnmt translate on one file: {base} sentences/s (start-up {out['translate']['startup_s']} s "
               "taken out)")
     print("| clients | requests | errors | sentences/s | x translate | in-process groups of N, x translate "
-          "| p50 ms | p95 ms | p99 ms | mean batch | RSS after MiB |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          "| sorted groups of N, x translate | p50 ms | p95 ms | p99 ms | mean batch | RSS after MiB |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for level in out["levels"]:
         ratio = f"{level['sentences_per_s'] / base:.2f}" if base else "-"
-        group = out.get("groups", {}).get(level["clients"])
-        ceiling = f"{group} ({group / base:.2f})" if base and group else "-"
+        ceilings = []
+        for order in ("arrival", "sorted"):
+            group = out.get("groups", {}).get(order, {}).get(level["clients"])
+            ceilings.append(f"{group} ({group / base:.2f})" if base and group else "-")
         print(f"| {level['clients']} | {level['requests']} | {level['errors']} | "
-              f"{level['sentences_per_s']} | {ratio} | {ceiling} | {level['p50_ms']} | {level['p95_ms']} | "
+              f"{level['sentences_per_s']} | {ratio} | {' | '.join(ceilings)} | {level['p50_ms']} | "
+              f"{level['p95_ms']} | "
               f"{level['p99_ms']} | {level['mean_batch']} | "
               f"{level.get('rss_after_mib', out.get('rss_after_b_mib'))} |")
     if "rss_after_a_mib" in out:

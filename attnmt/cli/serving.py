@@ -37,14 +37,16 @@ def serve(
     max_wait_ms: Annotated[float, typer.Option("--max-wait-ms", min=0, max=60_000, help="How long the "
                                                "oldest waiting request may wait for others to join "
                                                "its batch, or after a batch for as many "
-                                               "requests as it answered.")] = 10.0,
+                                               "requests as it answered (clients that wait for "
+                                               "their answers send again as soon as they have "
+                                               "them).")] = 40.0,
     max_sentences: Annotated[int, typer.Option("--max-sentences", min=1, max=100_000, help="Sentences "
                                                "per request (more: HTTP 413).")] = 100,
     max_chars: Annotated[int, typer.Option("--max-chars", min=1, max=1_000_000, help="Characters per "
                                            "sentence (more: HTTP 413).")] = 2000,
     threads: Annotated[int | None, typer.Option("--threads", min=1, max=1024, help="Intra-op threads of "
-                                                "the decoding process (default: half the cores, at least "
-                                                "one; the rest answer HTTP).", show_default=False)] = None,
+                                                "the decoding process (default: every core this process may "
+                                                "use).", show_default=False)] = None,
     grace: Annotated[float, typer.Option("--grace", min=0, max=3600, help="On SIGTERM or Ctrl-C, seconds "
                                          "to finish the requests in flight (then exit 143 / 130).")] = 30.0,
     check: Annotated[bool, typer.Option("--check", help="Load the model, bind the port, print what "
@@ -69,7 +71,7 @@ def serve(
     translator, cfg, path = open_translator(model, device)
     sock = _bind(host, port)
     try:
-        threads = threads if threads is not None else max(1, len(os.sched_getaffinity(0)) // 2)
+        threads = threads if threads is not None else len(os.sched_getaffinity(0))
         code = _run(sock, translator, cfg, path, (max_batch_tokens, max_wait_ms / 1000, threads),
                     Limits(max_sentences, max_chars), grace, check)
     finally:
