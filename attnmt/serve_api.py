@@ -36,7 +36,8 @@ from starlette.requests import Request
 
 from .batcher import Settings
 from .decode import Sampling
-from .translator import Translation, Translator, with_overrides
+from .errors import ConfigError
+from .translator import DecodeOverrides, Translation, Translator
 
 
 @dataclass(frozen=True)
@@ -153,16 +154,14 @@ class AttentionRequest(BaseModel):
 
 def settings_for(translator: Translator, beam_size: int | None, nbest: int, length_penalty: float | None,
                  sampling: Sampling | None) -> Settings:
-    """The request's settings over the model's decode defaults, checked as ``attnmt translate`` checks."""
-    d = translator.decode
-    beam = beam_size if beam_size is not None else (nbest if sampling else max(d.beam_size, nbest))
-    if nbest > beam and sampling is None:
-        raise Refused(f"nbest {nbest} must not exceed the beam size {beam}")
-    if beam > translator.tokenizer.tgt_vocab_size:
-        raise Refused(f"beam_size {beam} exceeds the target vocabulary "
-                      f"({translator.tokenizer.tgt_vocab_size} pieces)")
-    penalty = length_penalty if length_penalty is not None else d.length_penalty
-    return Settings(beam, nbest, float(penalty), sampling)
+    """The request's settings over the model's decode defaults, checked as ``attnmt translate`` checks
+    them (``DecodeOverrides``, the fields named as the request names them)."""
+    overrides = DecodeOverrides(beam_size, nbest, length_penalty, sampling=sampling, spelling="api")
+    try:
+        decode = overrides.apply(translator.decode, translator.tokenizer.tgt_vocab_size)
+    except ConfigError as e:
+        raise Refused(str(e)) from None
+    return Settings(decode.beam_size, decode.nbest, float(decode.length_penalty), sampling)
 
 
 def variant_maker(translator: Translator) -> Callable[[Settings], Translator]:
@@ -173,10 +172,8 @@ def variant_maker(translator: Translator) -> Callable[[Settings], Translator]:
     def variant(settings: Settings) -> Translator:
         if settings in cache:
             return cache[settings]
-        decode = with_overrides(translator.decode, translator.tokenizer.tgt_vocab_size,
-                                settings.beam_size if settings.sampling is None else settings.nbest,
-                                settings.nbest, settings.length_penalty)
-        made = translator.with_settings(decode, settings.sampling)
+        made = translator.with_overrides(DecodeOverrides(settings.beam_size, settings.nbest,
+                                                         settings.length_penalty, sampling=settings.sampling))
         if settings.sampling is None and len(cache) < 64:
             cache[settings] = made
         return made

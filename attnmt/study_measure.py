@@ -20,7 +20,7 @@ from .growth import measure_growth
 from .metrics import corpus_scores
 from .runfiles import RunDir, atomic_write_text
 from .runstart import chosen_precision
-from .translator import Translator, with_overrides
+from .translator import DecodeOverrides, Translator
 
 HEATMAP_SENTENCE = 0  # the dev sentence whose attention every variant shows
 
@@ -73,7 +73,7 @@ def measure_variant(study, name: str, label: str, peak_mib: float) -> dict[str, 
     run = study.run(name)
     device = choose_device(study.base.train.device)
     model, tokenizer, cfg, path = load_model(run.root, device)
-    decode = with_overrides(cfg.decode, tokenizer.tgt_vocab_size, study.beam_size)
+    decode = DecodeOverrides(study.beam_size).apply(cfg.decode, tokenizer.tgt_vocab_size)
     translator = Translator(model, tokenizer, decode, device)
     record: dict[str, Any] = {"label": label, "arch": cfg.model.arch,
                               "model": cfg.model.model_dump(mode="json"), "checkpoint": path.name,

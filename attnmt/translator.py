@@ -48,30 +48,51 @@ class Sources:
     count: int = 0  # input lines, empty ones included
 
 
-def with_overrides(decode: DecodeConfig, tgt_vocab_size: int, beam_size: int | None = None, nbest: int = 1,
-                   length_penalty: float | None = None, max_tokens: int | None = None) -> DecodeConfig:
-    """A copy of a model's ``decode`` section with the command line's settings (None: keep the model's).
+@dataclass(frozen=True)
+class DecodeOverrides:
+    """What a command line (or a server request) changes in a model's ``decode`` section, as one value:
+    None keeps the model's setting. Built once where the options are read and applied by
+    ``Translator.with_overrides``, which a CTranslate2 export's translator shares.
 
-    The beam is at least ``nbest`` wide unless ``--beam-size`` says otherwise, and never wider than the
-    target vocabulary (ConfigError naming the option)."""
-    beam = beam_size if beam_size is not None else max(decode.beam_size, nbest)
-    if nbest > beam:
-        raise ConfigError(f"--nbest {nbest} must not exceed the beam size {beam}")
-    if beam > tgt_vocab_size:
-        named = ("--beam-size" if beam_size is not None
-                 else "--nbest" if nbest > decode.beam_size else "decode.beam_size")
-        raise ConfigError(f"{named} {beam} exceeds the target vocabulary ({tgt_vocab_size} pieces)")
-    update = {"beam_size": beam, "nbest": nbest}
-    if length_penalty is not None:
-        update["length_penalty"] = length_penalty
-    if max_tokens is not None:
-        update["max_tokens"] = max_tokens
-    decode = decode.model_copy(update=update)
-    try:  # a bad value the command line let through is the user's, not a bug
-        check_search_settings(decode.beam_size, decode.nbest, decode.length_penalty, decode.min_len)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    return decode
+    With ``sampling``, each source gets ``nbest`` samples (the rows are ``nbest``, whatever the beam).
+    Otherwise the beam is at least ``nbest`` wide unless ``beam_size`` says otherwise, and never wider
+    than the target vocabulary. Errors are ConfigErrors that name the option as the caller spells it:
+    ``spelling`` "cli" (``--beam-size``) or "api" (``beam_size``)."""
+
+    beam_size: int | None = None
+    nbest: int = 1
+    length_penalty: float | None = None
+    max_tokens: int | None = None
+    sampling: Sampling | None = None
+    spelling: str = "cli"
+
+    def named(self, field_name: str) -> str:
+        return "--" + field_name.replace("_", "-") if self.spelling == "cli" else field_name
+
+    def apply(self, decode: DecodeConfig, tgt_vocab_size: int) -> DecodeConfig:
+        """A copy of ``decode`` with these overrides, checked as the search will check it."""
+        nbest = self.nbest
+        if self.sampling is not None:
+            beam, named = nbest, self.named("nbest")
+        else:
+            beam = self.beam_size if self.beam_size is not None else max(decode.beam_size, nbest)
+            named = (self.named("beam_size") if self.beam_size is not None
+                     else self.named("nbest") if nbest > decode.beam_size else "decode.beam_size")
+        if nbest > beam:
+            raise ConfigError(f"{self.named('nbest')} {nbest} must not exceed the beam size {beam}")
+        if beam > tgt_vocab_size:
+            raise ConfigError(f"{named} {beam} exceeds the target vocabulary ({tgt_vocab_size} pieces)")
+        update = {"beam_size": beam, "nbest": nbest}
+        if self.length_penalty is not None:
+            update["length_penalty"] = self.length_penalty
+        if self.max_tokens is not None:
+            update["max_tokens"] = self.max_tokens
+        decode = decode.model_copy(update=update)
+        try:  # a bad value the command line let through is the user's, not a bug
+            check_search_settings(decode.beam_size, decode.nbest, decode.length_penalty, decode.min_len)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        return decode
 
 
 @dataclass(frozen=True)
@@ -116,6 +137,12 @@ class Translator:
         other.generator = (torch.Generator(device=self.device).manual_seed(sampling.seed)
                            if sampling is not None else None)
         return other
+
+    def with_overrides(self, overrides: DecodeOverrides) -> Translator:
+        """The same model with ``overrides`` over its ``decode`` settings (``DecodeOverrides.apply``) and
+        their sampling, if any."""
+        return self.with_settings(overrides.apply(self.decode, self.tokenizer.tgt_vocab_size),
+                                  overrides.sampling)
 
     def encode(self, lines: Sequence[str]) -> Sources:
         """Clean, encode and cut each line; empty lines (after cleaning) are left out and counted."""

@@ -300,13 +300,13 @@ def ct2_pass(work: Work, tmp: Path, length: int, threads: int, batch_size: int, 
 
     from attnmt.batching import token_batches
     from attnmt.ctranslate import Ct2Translator, read_export
-    from attnmt.translator import Translator, with_overrides
+    from attnmt.translator import DecodeOverrides, Translator
 
     _, folders = ct2_setup(work, tmp, length)
     quantization = "int8" if "int8" in engine else "float32"
     folder = folders[quantization]
     _, cfg, _ = export = read_export(folder)
-    decode = with_overrides(cfg.decode, work.tokenizer.tgt_vocab_size, beam_size=beam, nbest=1)
+    decode = DecodeOverrides(beam_size=beam, nbest=1).apply(cfg.decode, work.tokenizer.tgt_vocab_size)
     assert (decode.min_len, decode.max_len_a, decode.max_len_b) == (length, 0.0, length), decode
     if engine == OURS_TRANSLATOR:  # attnmt's own Translator on the same text path and batches
         own = Translator(work.model, work.tokenizer, decode)
@@ -359,7 +359,7 @@ def ct2_check(work: Work, tmp: Path, length: int, threads: int) -> None:
     from attnmt.batching import collate
     from attnmt.ctranslate import Ct2Translator, read_export
     from attnmt.decode import greedy_search
-    from attnmt.translator import with_overrides
+    from attnmt.translator import DecodeOverrides
 
     _, folders = ct2_setup(work, tmp, length)
     with torch.inference_mode():
@@ -370,7 +370,7 @@ def ct2_check(work: Work, tmp: Path, length: int, threads: int) -> None:
     for quantization, folder in folders.items():
         export = read_export(folder)
         for beam in (1, 5):
-            decode = with_overrides(export[1].decode, work.tokenizer.tgt_vocab_size, beam_size=beam, nbest=1)
+            decode = DecodeOverrides(beam_size=beam).apply(export[1].decode, work.tokenizer.tgt_vocab_size)
             translator = Ct2Translator(folder, decode, threads=threads, export=export)
             decoded: list[int] = []
             run = translator._run

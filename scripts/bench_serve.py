@@ -141,8 +141,9 @@ def group_rates(model: str, sentences: list[str], sizes: list[int], beam: int) -
     in their order ("arrival") and sorted by length first ("sorted": about what continuous batching,
     which keeps N rows decoding whatever their lengths, could reach)."""
     from attnmt.cli.common import open_translator
+    from attnmt.translator import DecodeOverrides
 
-    translator, _, _ = open_translator(Path(model), beam_size=beam)
+    translator, _, _ = open_translator(Path(model), overrides=DecodeOverrides(beam))
     translator.translate(sentences[:8])  # warm
     pieces = [len(ids) for ids in translator.tokenizer.encode_src(sentences)]
     orders = {"arrival": sentences,

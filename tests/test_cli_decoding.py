@@ -417,8 +417,9 @@ def test_score_equals_what_beam_search_reports_for_its_own_outputs(ckpt, tmp_pat
     log-probabilities (EOS included), and over the GNMT penalty the n-best score translate prints."""
     from attnmt.cli.common import open_translator
     from attnmt.decode import gnmt_penalty
+    from attnmt.translator import DecodeOverrides
 
-    translator, _, _ = open_translator(ckpt, "cpu", 4, 3)
+    translator, _, _ = open_translator(ckpt, "cpu", DecodeOverrides(4, 3))
     hyps = translator.search(translator.encode(SOURCES).ids)
     pairs, expected = [], []
     for source, found in zip(SOURCES, hyps):

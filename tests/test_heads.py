@@ -268,9 +268,10 @@ def run(tiny, tmp_path_factory):
 @pytest.fixture(scope="module")
 def translator(run):
     from attnmt.cli.common import open_translator
+    from attnmt.translator import DecodeOverrides
 
     torch.set_num_threads(1)
-    found, _, _ = open_translator(run, "cpu", 1, exports=False)
+    found, _, _ = open_translator(run, "cpu", DecodeOverrides(1), exports=False)
     return found
 
 

@@ -13,11 +13,11 @@ import attnmt.translator
 from attnmt.batching import collate
 from attnmt.config import DecodeConfig, LSTMConfig, TransformerConfig
 from attnmt.data import clean
-from attnmt.decode import gnmt_penalty
+from attnmt.decode import Sampling, gnmt_penalty
 from attnmt.errors import ConfigError
 from attnmt.models import build_model
 from attnmt.tokenizer import EOS_ID, PAD_ID, load_tokenizer
-from attnmt.translator import Sources, Translation, Translator, chunks, with_overrides
+from attnmt.translator import DecodeOverrides, Sources, Translation, Translator, chunks
 
 CONFIGS = {
     "transformer": TransformerConfig(arch="transformer", d_model=16, n_heads=2, enc_layers=1, dec_layers=1,
@@ -85,13 +85,13 @@ def assert_same_translations(ours: list[Translation], expected: list[Translation
 
 def test_overrides_of_none_keep_the_models_settings():
     decode = DecodeConfig(beam_size=4, length_penalty=0.8, max_tokens=1234, max_src_len=50)
-    copy = with_overrides(decode, tgt_vocab_size=100)
+    copy = DecodeOverrides().apply(decode, 100)
     assert copy == decode and copy is not decode
 
 
 def test_overrides_replace_what_they_name():
     decode = DecodeConfig(beam_size=4, length_penalty=0.8, max_tokens=1234)
-    copy = with_overrides(decode, 100, beam_size=2, nbest=2, length_penalty=0.0, max_tokens=99)
+    copy = DecodeOverrides(beam_size=2, nbest=2, length_penalty=0.0, max_tokens=99).apply(decode, 100)
     assert (copy.beam_size, copy.nbest, copy.length_penalty, copy.max_tokens) == (2, 2, 0.0, 99)
     named = {"beam_size", "nbest", "length_penalty", "max_tokens"}
     assert copy.model_dump(exclude=named) == decode.model_dump(exclude=named)
@@ -99,44 +99,44 @@ def test_overrides_replace_what_they_name():
 
 @pytest.mark.parametrize("model_beam, nbest, beam", [(4, 1, 4), (4, 3, 4), (4, 4, 4), (4, 6, 6), (1, 2, 2)])
 def test_nbest_widens_the_default_beam_to_at_least_nbest(model_beam, nbest, beam):
-    copy = with_overrides(DecodeConfig(beam_size=model_beam), 100, nbest=nbest)
+    copy = DecodeOverrides(nbest=nbest).apply(DecodeConfig(beam_size=model_beam), 100)
     assert (copy.beam_size, copy.nbest) == (beam, nbest)
 
 
 def test_the_model_nbest_is_replaced_by_the_command_lines():
-    copy = with_overrides(DecodeConfig(beam_size=4, nbest=3), 100)
+    copy = DecodeOverrides().apply(DecodeConfig(beam_size=4, nbest=3), 100)
     assert (copy.beam_size, copy.nbest) == (4, 1)
 
 
 def test_an_explicit_beam_is_kept_even_when_narrower_than_the_models():
-    copy = with_overrides(DecodeConfig(beam_size=8), 100, beam_size=1)
+    copy = DecodeOverrides(beam_size=1).apply(DecodeConfig(beam_size=8), 100)
     assert (copy.beam_size, copy.nbest) == (1, 1)
 
 
 def test_nbest_over_an_explicit_beam_is_refused():
     with pytest.raises(ConfigError) as info:
-        with_overrides(DecodeConfig(beam_size=8), 100, beam_size=2, nbest=3)
+        DecodeOverrides(beam_size=2, nbest=3).apply(DecodeConfig(beam_size=8), 100)
     assert str(info.value) == "--nbest 3 must not exceed the beam size 2"
 
 
 def test_a_beam_wider_than_the_target_vocabulary_is_refused():
     with pytest.raises(ConfigError) as info:
-        with_overrides(DecodeConfig(), 100, beam_size=101)
+        DecodeOverrides(beam_size=101).apply(DecodeConfig(), 100)
     assert str(info.value) == "--beam-size 101 exceeds the target vocabulary (100 pieces)"
-    assert with_overrides(DecodeConfig(), 100, beam_size=100).beam_size == 100  # as wide as it: fine
+    assert DecodeOverrides(beam_size=100).apply(DecodeConfig(), 100).beam_size == 100  # as wide as it: fine
 
 
 def test_a_models_beam_wider_than_the_vocabulary_is_refused_naming_what_set_it():
     with pytest.raises(ConfigError, match=r"^decode.beam_size 12 exceeds the target vocabulary \(10 pieces"):
-        with_overrides(DecodeConfig(beam_size=12), 10)
+        DecodeOverrides().apply(DecodeConfig(beam_size=12), 10)
     with pytest.raises(ConfigError, match=r"^--nbest 11 exceeds the target vocabulary \(10 pieces\)"):
-        with_overrides(DecodeConfig(beam_size=4), 10, nbest=11)
+        DecodeOverrides(nbest=11).apply(DecodeConfig(beam_size=4), 10)
 
 
 def test_overrides_leave_the_original_unchanged():
     decode = DecodeConfig(beam_size=4, nbest=2, length_penalty=0.8, max_tokens=1234)
     before = decode.model_dump()
-    with_overrides(decode, 100, beam_size=6, nbest=5, length_penalty=0.1, max_tokens=10)
+    DecodeOverrides(beam_size=6, nbest=5, length_penalty=0.1, max_tokens=10).apply(decode, 100)
     assert decode.model_dump() == before
 
 
@@ -403,3 +403,29 @@ def test_arrived_takes_what_has_come_and_keeps_order():
         got = [next(stream)]
         got += list(stream)
     assert list(arrived(iter([]), 10)) == []
+
+
+def test_sampling_overrides_give_nbest_rows_whatever_the_beam():
+    draw = Sampling(seed=3)
+    decode = DecodeOverrides(beam_size=2, nbest=5, sampling=draw).apply(DecodeConfig(beam_size=4), 100)
+    assert (decode.beam_size, decode.nbest) == (5, 5)
+    with pytest.raises(ConfigError, match=r"^--nbest 11 exceeds the target vocabulary \(10 pieces\)"):
+        DecodeOverrides(nbest=11, sampling=draw).apply(DecodeConfig(), 10)
+
+
+def test_overrides_name_the_fields_as_the_caller_spells_them():
+    with pytest.raises(ConfigError, match=r"^nbest 3 must not exceed the beam size 2$"):
+        DecodeOverrides(beam_size=2, nbest=3, spelling="api").apply(DecodeConfig(), 100)
+    with pytest.raises(ConfigError, match=r"^beam_size 101 exceeds"):
+        DecodeOverrides(beam_size=101, spelling="api").apply(DecodeConfig(), 100)
+
+
+@every_model
+def test_a_translator_with_overrides_decodes_as_one_built_with_them(tokenizer, name):
+    base = make_translator(name, tokenizer, beam_size=1)
+    built = base.with_overrides(DecodeOverrides(beam_size=3, nbest=2, length_penalty=0.0))
+    assert (built.decode.beam_size, built.decode.nbest, built.decode.length_penalty) == (3, 2, 0.0)
+    assert (base.decode.beam_size, base.decode.nbest) == (1, 1) and built.model is base.model
+    direct = Translator(base.model, tokenizer, built.decode)
+    assert_same_translations(built.translate(LINES), direct.translate(LINES))
+    assert all(len(t.outputs) == 2 for t in built.translate(LINES) if t.outputs[0][0])

@@ -12,7 +12,7 @@ import typer
 
 from ..errors import DataError
 from .app import command
-from .common import FileProgress, open_translator, read_pairs, write_output
+from .common import FileProgress, open_for_attention, read_pairs, write_output
 from .contract import Output
 from .looking import check_source
 from .options import AttributionMethod, BeamOpt, DeviceOpt, ModelArg, StepsOpt
@@ -57,7 +57,7 @@ def attribute(
         sources, targets = sources[:limit], (targets[:limit] if targets is not None else None)
     if not sources:
         raise DataError(f"{src}: no sentences to attribute")
-    translator, cfg, checkpoint = open_translator(model, device, beam_size, exports=False)
+    translator, cfg, checkpoint = open_for_attention(model, device, beam_size)
     started = time.perf_counter()
     with FileProgress(len(sources), "attributing") as progress:
         done = attribute_corpus(translator, sources, targets, method.value, steps, progress.advance, workers)

@@ -7,9 +7,13 @@ import sys
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..choices import Device
 from ..errors import ConfigError, DataError
+
+if TYPE_CHECKING:
+    from ..translator import DecodeOverrides
 
 
 def input_lines(path: Path | None) -> Iterator[str]:
@@ -51,13 +55,12 @@ def write_output(output: Path | None, text: str) -> None:
         sys.stdout.write(text)
 
 
-def open_translator(model_path: Path, device: Device = Device.auto, beam_size: int | None = None,
-                    nbest: int = 1, length_penalty: float | None = None, max_tokens: int | None = None,
-                    sampling=None, ensemble: list[Path] | None = None, exports: bool = True):
+def open_translator(model_path: Path, device: Device = Device.auto, overrides: DecodeOverrides | None = None,
+                    *, ensemble: list[Path] | None = None, exports: bool = True):
     """Load MODEL for decoding: (Translator, config, checkpoint path). Decode settings are the model's
-    ``decode`` section with these overrides; the model gets the CPU fast path (``fastpath.py``) and the
-    process keeps freed memory for reuse (``runtime.py``), as every decoding command does. With
-    ``sampling`` (``decode.Sampling``), ``nbest`` samples per source instead of a search. ``ensemble``:
+    ``decode`` section with the command line's ``overrides`` (``translator.DecodeOverrides``: beam, n-best,
+    length penalty, token budget, sampling); the model gets the CPU fast path (``fastpath.py``) and the
+    process keeps freed memory for reuse (``runtime.py``), as every decoding command does. ``ensemble``:
     more models, with the same tokenizer (else a CheckpointError), averaged step by step with MODEL
     (``models.Ensemble``); MODEL's decode settings apply. A folder ``attnmt export`` wrote decodes through
     CTranslate2 (``open_export``) unless ``exports`` is False (commands that read the attention: a
@@ -65,14 +68,15 @@ def open_translator(model_path: Path, device: Device = Device.auto, beam_size: i
     from .. import checkpoint, fastpath
     from ..distributed import choose_device
     from ..runtime import keep_freed_memory
-    from ..translator import Translator, with_overrides
+    from ..translator import DecodeOverrides, Translator
 
+    overrides = overrides if overrides is not None else DecodeOverrides()
     dev = choose_device(device, "--device")
     keep_freed_memory()  # decoding reuses the same large blocks every step
     from ..ctranslate import is_export
 
     if is_export(model_path) and exports:
-        return open_export(model_path, dev, beam_size, nbest, length_penalty, max_tokens, sampling, ensemble)
+        return open_export(model_path, dev, overrides, ensemble)
     model, tokenizer, cfg, path = checkpoint.load_model(model_path, dev)
     fastpath.apply(model)
     if ensemble:
@@ -88,26 +92,30 @@ def open_translator(model_path: Path, device: Device = Device.auto, beam_size: i
             fastpath.apply(member)
             members.append(member)
         model = Ensemble(members).eval()
-    decode = with_overrides(cfg.decode, tokenizer.tgt_vocab_size, nbest if sampling else beam_size, nbest,
-                            length_penalty, max_tokens)
-    return Translator(model, tokenizer, decode, dev, sampling), cfg, path
+    decode = overrides.apply(cfg.decode, tokenizer.tgt_vocab_size)
+    return Translator(model, tokenizer, decode, dev, overrides.sampling), cfg, path
 
 
-def open_export(folder: Path, dev, beam_size: int | None, nbest: int, length_penalty: float | None,
-                max_tokens: int | None, sampling, ensemble: list[Path] | None):
+def open_for_attention(model_path: Path, device: Device, beam_size: int | None):
+    """``open_translator`` for the commands that read the attention (plot, align, attribute, heads): the
+    model's decode settings but the beam, and a CTranslate2 export refused (it has no attention to read)."""
+    from ..translator import DecodeOverrides
+
+    return open_translator(model_path, device, DecodeOverrides(beam_size), exports=False)
+
+
+def open_export(folder: Path, dev, overrides: DecodeOverrides, ensemble: list[Path] | None):
     """``open_translator`` for a folder ``attnmt export`` wrote: the model's decode settings with the same
     overrides, CTranslate2's search."""
     from ..ctranslate import Ct2Translator, read_export
-    from ..translator import with_overrides
 
     if ensemble:
         raise ConfigError(f"--ensemble: {folder} is a CTranslate2 export, which decodes alone; ensemble the "
                           "checkpoints instead")
     export = read_export(folder)
     _, cfg, tokenizer = export
-    decode = with_overrides(cfg.decode, tokenizer.tgt_vocab_size, nbest if sampling else beam_size, nbest,
-                            length_penalty, max_tokens)
-    return Ct2Translator(folder, decode, dev, sampling, export=export), cfg, Path(folder)
+    decode = overrides.apply(cfg.decode, tokenizer.tgt_vocab_size)
+    return Ct2Translator(folder, decode, dev, overrides.sampling, export=export), cfg, Path(folder)
 
 
 class FileProgress:

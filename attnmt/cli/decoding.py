@@ -67,8 +67,10 @@ def translate(
 
     draw = _sampling(sampling, beam_size, temperature, top_k, top_p, seed)
     lines = sentences_or_input(sentences, input_)
-    translator, _, _ = open_translator(model, device, beam_size, nbest, length_penalty, max_tokens, draw,
-                                       ensemble)
+    from ..translator import DecodeOverrides
+
+    overrides = DecodeOverrides(beam_size, nbest, length_penalty, max_tokens, draw)
+    translator, _, _ = open_translator(model, device, overrides, ensemble=ensemble)
     written: list[str] = []
     truncated = index = 0
     total = count_lines(input_) if input_ is not None else 0  # None for a pipe: progress without a total
@@ -165,8 +167,10 @@ def eval_(
     if hyp is not None:
         hypotheses, name, lang = list(read_lines(hyp)), str(hyp), tgt_lang
     else:
-        translator, cfg, _ = open_translator(model, device, beam_size, 1, length_penalty, max_tokens,
-                                             ensemble=ensemble)
+        from ..translator import DecodeOverrides
+
+        overrides = DecodeOverrides(beam_size, 1, length_penalty, max_tokens)
+        translator, cfg, _ = open_translator(model, device, overrides, ensemble=ensemble)
         lang = tgt_lang or cfg.data.tgt_lang
         bleu_tokenize(lang, bleu)  # a scorer that cannot run is refused before the translating
         sources, hypotheses, name = list(read_lines(src)), [], f"translations of {src}"
@@ -209,7 +213,9 @@ def score(
     from .common import read_pairs, write_output
 
     sources, targets = read_pairs(src, tgt)
-    translator, _, _ = open_translator(model, device, None, 1, length_penalty, max_tokens)
+    from ..translator import DecodeOverrides
+
+    translator, _, _ = open_translator(model, device, DecodeOverrides(None, 1, length_penalty, max_tokens))
     scored = []
     with FileProgress(len(sources), "scoring") as progress:
         for start in range(0, len(sources), CHUNK_LINES):

@@ -13,7 +13,7 @@ import typer
 
 from ..errors import ConfigError, DataError
 from .app import command
-from .common import FileProgress, open_translator, read_pairs, write_output
+from .common import FileProgress, open_for_attention, read_pairs, write_output
 from .contract import Output
 from .options import DeviceOpt, ModelArg
 
@@ -66,7 +66,7 @@ def heads(
 
     sources, targets = _read(src, tgt, limit, sentence)
     started = time.perf_counter()
-    translator, cfg, checkpoint = open_translator(model, device, beam_size, exports=False)
+    translator, cfg, checkpoint = open_for_attention(model, device, beam_size)
     ids = head_ids(translator.model)  # a ConfigError for anything but a Transformer
     pairs = model_pairs(translator, sources, targets)  # without --tgt: the model's own translations
     if sentence - 1 not in pairs.lines:

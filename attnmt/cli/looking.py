@@ -15,7 +15,7 @@ from ..errors import ConfigError, DataError
 from .app import command
 from .common import (
     FileProgress,
-    open_translator,
+    open_for_attention,
     read_pairs,
     sentences_or_input,
     write_output,
@@ -107,7 +107,7 @@ def plot(
     if gold is not None and tgt is None:
         raise ConfigError("--gold needs --tgt: gold links refer to the target sentences they were made for")
     lines = sentences_or_input(sentences, input_)
-    translator, cfg, checkpoint = open_translator(model, device, beam_size, exports=False)
+    translator, cfg, checkpoint = open_for_attention(model, device, beam_size)
     n_layers, n_heads = attention_layout(cfg.model)
     if self_ and "enc_self" not in n_layers:
         raise ConfigError(f"--self: a {cfg.model.arch} model has no self-attention to draw")
@@ -198,7 +198,7 @@ def check_source(source: AttributionMethod, layer: Layer | None, heads: Heads | 
 
 def _reverse_model(model: Path, cfg, reverse: Path, device, beam_size):
     """``align --reverse``: the reverse model and its config, checked to translate the other way."""
-    back, back_cfg, back_checkpoint = open_translator(reverse, device, beam_size, exports=False)
+    back, back_cfg, back_checkpoint = open_for_attention(reverse, device, beam_size)
     forward_pair = (cfg.data.src_lang, cfg.data.tgt_lang)
     backward_pair = (back_cfg.data.src_lang, back_cfg.data.tgt_lang)
     if backward_pair != forward_pair[::-1]:
@@ -328,7 +328,7 @@ def align(
                                "--from": from_ != AttributionMethod.attention, "--output": output})
     sources, targets = read_pairs(src, tgt)
     gold_links = read_gold(gold, len(sources), src, one_based) if gold is not None else None
-    translator, cfg, checkpoint = open_translator(model, device, beam_size, exports=False)
+    translator, cfg, checkpoint = open_for_attention(model, device, beam_size)
     reading = {"shift": shift, "method": method.value, "threshold": threshold, "symmetrize": symmetrization,
                "words": word_rule.value, "source": from_.value, "steps": steps}
     if calibrate_ is not None:
