@@ -306,19 +306,21 @@ class Ct2Translator(Translator):
             options.update(sampling_topk=s.top_k, sampling_topp=s.top_p, sampling_temperature=s.temperature)
         return options
 
-    def _run(self, pieces: list[list[str]], limit: int, suppress: bool = False) -> list[list[Hypothesis]]:
+    def _run(self, pieces: list[list[str]], limit: int, suppress: bool = False,
+             prefix: list[list[str]] | None = None) -> list[list[Hypothesis]]:
         beam = 1 if self.sampling else self.decode.beam_size
-        results = self.engine.translate_batch(pieces, **self._options(beam, limit, suppress))
+        results = self.engine.translate_batch(pieces, target_prefix=prefix,
+                                              **self._options(beam, limit, suppress))
         # No scores asked for (they cost about 4% of a greedy int8 pass): n-best lists are scored again
         # under teacher forcing (``_rescore``) and a single output's score is printed nowhere.
         index = self._tgt_index
         return [[Hypothesis([index[t] for t in tokens], math.nan) for tokens in result.hypotheses]
                 for result in results]
 
-    def search(self, src_ids: Sequence[Sequence[int]],
-               need_attention: bool = False) -> list[list[Hypothesis]]:
+    def search(self, src_ids: Sequence[Sequence[int]], need_attention: bool = False,
+               prefixes: Sequence[Sequence[int]] | None = None) -> list[list[Hypothesis]]:
         """Hypotheses for encoded sources, batched as ``Translator.search`` batches (sorted by length, one
-        token budget).
+        token budget); ``prefixes`` go to CTranslate2 as ``target_prefix``.
 
         Two things are put right afterwards, sentence by sentence, by decoding the sentence again:
         CTranslate2 takes one length limit per call, so a batch runs to the largest limit of its
@@ -336,14 +338,23 @@ class Ct2Translator(Translator):
         lengths = [len(ids) + 1 for ids in src_ids]  # + EOS
         limits = [math.floor(max(length - 1, 0) * d.max_len_a + d.max_len_b) for length in lengths]
         limits = [max(limit, 1) for limit in limits]  # as decode.max_output_lengths
+        if prefixes is not None:  # as decode.prefix_limits
+            limits = [max(limit, len(prefix)) for limit, prefix in zip(limits, prefixes)]
         pieces = [[self._src_vocab[i] for i in ids] for ids in src_ids]
+        forced = [self.tokenizer.tgt_pieces(p) for p in prefixes] if prefixes is not None else None
         results: list[list[Hypothesis]] = [[] for _ in src_ids]
 
         def decode(group: list[int], limit: int, suppress: bool) -> None:
-            todo = [i for i in group for _ in range(n)]
-            found = self._run([pieces[i] for i in todo], limit, suppress)
-            for k, i in enumerate(group):
-                results[i] = [h for hyps in found[k * n:(k + 1) * n] for h in hyps]
+            # Sentences without a prefix go without ``target_prefix``: in a batch where others have one,
+            # CTranslate2's beam search would not let them end at their first step.
+            parts = [group] if forced is None else [[i for i in group if forced[i]],
+                                                    [i for i in group if not forced[i]]]
+            for part in filter(None, parts):
+                todo = [i for i in part for _ in range(n)]
+                prefix = [forced[i] for i in todo] if forced is not None and forced[part[0]] else None
+                found = self._run([pieces[i] for i in todo], limit, suppress, prefix)
+                for k, i in enumerate(part):
+                    results[i] = [h for hyps in found[k * n:(k + 1) * n] for h in hyps]
 
         for chunk in token_batches(lengths, order, d.max_tokens, rows_per_example=rows * n):
             decode(chunk, max(limits[i] for i in chunk), False)

@@ -67,6 +67,29 @@ def _log_probs(logits: torch.Tensor, t: int, limits: torch.Tensor, min_len: int)
     return logp
 
 
+def force_prefix(logp: torch.Tensor, prefix: torch.Tensor | None, rows: torch.Tensor, t: int) -> torch.Tensor:
+    """Target prefixes forced: logp (N, V) at output position t, ``prefix`` (B, P) the pieces each sentence's
+    output must start with (PAD after a shorter one), ``rows`` (N,) the sentence of each row. A row whose
+    prefix has a piece at t keeps that piece's log-probability and every other piece gets ``finfo.min``,
+    so the search takes it and scores it as it scores any piece; the others are left alone."""
+    if prefix is None or t >= prefix.size(1):
+        return logp
+    forced = prefix[rows, t]  # (N,)
+    on = forced != PAD_ID  # (N,)
+    if not bool(on.any()):
+        return logp
+    kept = logp.gather(1, forced[:, None])  # (N, 1)
+    out = logp.masked_fill(on[:, None], torch.finfo(logp.dtype).min)
+    return out.scatter(1, forced[:, None], torch.where(on[:, None], kept, out.gather(1, forced[:, None])))
+
+
+def prefix_limits(limits: torch.Tensor, prefix: torch.Tensor | None) -> torch.Tensor:
+    """(B,) length limits at least as long as each sentence's prefix (EOS comes after it)."""
+    if prefix is None:
+        return limits
+    return torch.maximum(limits, (prefix != PAD_ID).sum(1).to(limits.device))
+
+
 @torch.no_grad()
 def greedy_search(
     model: TranslationModel,
@@ -78,14 +101,16 @@ def greedy_search(
     need_attention: bool = False,
     sampling: Sampling | None = None,
     generator: torch.Generator | None = None,
+    prefix: torch.Tensor | None = None,
 ) -> list[Hypothesis]:
     """The most probable next piece at every step, for a batch src (B, S); with ``sampling``, a piece
     drawn from the (tempered, truncated) distribution instead (``sample_tokens``). Scores are the model's
-    own log-probabilities of the pieces taken either way."""
+    own log-probabilities of the pieces taken either way. ``prefix`` (B, P): pieces each output starts
+    with (``force_prefix``), the search going on from there."""
     B = src.size(0)
     if B == 0:
         return []
-    limits = max_output_lengths(src_mask, max_len_a, max_len_b)  # (B,)
+    limits = prefix_limits(max_output_lengths(src_mask, max_len_a, max_len_b), prefix)  # (B,)
     state = model.encode(src, src_mask)
     alive = torch.arange(B, device=src.device)  # (b,) batch rows still decoding
     tokens = torch.full((B,), BOS_ID, dtype=torch.long, device=src.device)  # (b,)
@@ -95,7 +120,7 @@ def greedy_search(
     t = 0
     while alive.numel():
         logits, state, attn = model.step(tokens, state, need_attention)  # (b, V)
-        logp = _log_probs(logits, t, limits[alive], min_len)  # (b, V)
+        logp = force_prefix(_log_probs(logits, t, limits[alive], min_len), prefix, alive, t)  # (b, V)
         if scores is None:
             scores = logp.new_zeros(B)
         best = logp.argmax(-1) if sampling is None else sample_tokens(logp, sampling, generator)  # (b,)
@@ -187,8 +212,10 @@ def beam_search(
     max_len_b: int = 10,
     min_len: int = 0,
     need_attention: bool = False,
+    prefix: torch.Tensor | None = None,
 ) -> list[list[Hypothesis]]:
-    """Beam search for a batch src (B, S): per sentence, up to ``nbest`` hypotheses, best first.
+    """Beam search for a batch src (B, S): per sentence, up to ``nbest`` hypotheses, best first. With
+    ``prefix`` (B, P), every hypothesis starts with its sentence's prefix (``force_prefix``).
 
     Each step extends the K live hypotheses of every sentence by every piece and takes the 2K best
     candidates by score (sum of log-probabilities). EOS candidates among the first K finish and are
@@ -209,8 +236,9 @@ def beam_search(
     if src.size(0) == 0:
         return []
     search = _BeamSearch(model, src_mask, beam_size, nbest, length_penalty, need_attention)
-    return search.run(model.encode(src, src_mask), max_output_lengths(src_mask, max_len_a, max_len_b),
-                      min_len)
+    search.prefix = prefix
+    limits = prefix_limits(max_output_lengths(src_mask, max_len_a, max_len_b), prefix)
+    return search.run(model.encode(src, src_mask), limits, min_len)
 
 
 @dataclass
@@ -250,6 +278,7 @@ class _BeamSearch:
         # normalized score a new hypothesis must beat to be kept (K kept already)
         self.floor = [-math.inf] * B
         self.inserted = 0
+        self.prefix: torch.Tensor | None = None  # (B, P) pieces every hypothesis starts with
 
     def run(self, state: Any, limits: torch.Tensor, min_len: int) -> list[list[Hypothesis]]:
         B, K = limits.numel(), self.K
@@ -264,6 +293,7 @@ class _BeamSearch:
             if K > logits.size(-1):
                 raise ValueError(f"beam_size ({K}) must not exceed the vocabulary size ({logits.size(-1)})")
             logp = _log_probs(logits, t, limits[self.active].repeat_interleave(K), min_len)  # (N, V)
+            logp = force_prefix(logp, self.prefix, self.active.repeat_interleave(K), t)
             candidates = self._candidates(logp, attn)
             self._keep_finished(candidates, t, attn)
             keep = self._still_searching(candidates.live_scores, lp_max)  # (b,)

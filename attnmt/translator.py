@@ -25,7 +25,7 @@ from .data import clean
 from .decode import Hypothesis, Sampling, beam_search, check_search_settings, gnmt_penalty, greedy_search
 from .errors import ConfigError
 from .models.protocol import TranslationModel
-from .tokenizer import Tokenizer
+from .tokenizer import PAD_ID, Tokenizer
 
 
 @dataclass
@@ -153,9 +153,10 @@ class Translator:
         truncated = {i for i, ids in zip(todo, encoded) if len(ids) > limit}
         return Sources([ids[:limit] for ids in encoded], todo, truncated, len(texts))
 
-    def search(self, src_ids: Sequence[Sequence[int]],
-               need_attention: bool = False) -> list[list[Hypothesis]]:
-        """Hypotheses for already encoded sources (in their order), batched by length."""
+    def search(self, src_ids: Sequence[Sequence[int]], need_attention: bool = False,
+               prefixes: Sequence[Sequence[int]] | None = None) -> list[list[Hypothesis]]:
+        """Hypotheses for already encoded sources (in their order), batched by length; ``prefixes``: the
+        target pieces each source's outputs start with (``decode.force_prefix``), one list per source."""
         d = self.decode
         order = sorted(range(len(src_ids)), key=lambda i: len(src_ids[i]))
         lengths = [len(ids) + 1 for ids in src_ids]  # + EOS
@@ -163,28 +164,55 @@ class Translator:
         if self.sampling is not None:
             n = d.nbest
             for chunk in token_batches(lengths, order, d.max_tokens, rows_per_example=n):
-                batch = collate([src_ids[i] for i in chunk for _ in range(n)]).to(self.device)
+                rows = [i for i in chunk for _ in range(n)]
+                batch = collate([src_ids[i] for i in rows]).to(self.device)
                 found = greedy_search(self.model, batch.src, batch.src_mask, d.max_len_a, d.max_len_b,
-                                      d.min_len, need_attention, self.sampling, self.generator)
+                                      d.min_len, need_attention, self.sampling, self.generator,
+                                      self._prefix(prefixes, rows))
                 for k, i in enumerate(chunk):
                     results[i] = found[k * n:(k + 1) * n]
             return results
         for chunk in token_batches(lengths, order, d.max_tokens, rows_per_example=d.beam_size):
             batch = collate([src_ids[i] for i in chunk]).to(self.device)
+            prefix = self._prefix(prefixes, chunk)
             if d.beam_size == 1 and d.nbest == 1:
                 found = [[h] for h in greedy_search(self.model, batch.src, batch.src_mask, d.max_len_a,
-                                                    d.max_len_b, d.min_len, need_attention)]
+                                                    d.max_len_b, d.min_len, need_attention, prefix=prefix)]
             else:
                 found = beam_search(self.model, batch.src, batch.src_mask, d.beam_size, d.nbest,
-                                    d.length_penalty, d.max_len_a, d.max_len_b, d.min_len, need_attention)
+                                    d.length_penalty, d.max_len_a, d.max_len_b, d.min_len, need_attention,
+                                    prefix)
             for i, hyps in zip(chunk, found):
                 results[i] = hyps
         return results
 
-    def translate(self, lines: Sequence[str]) -> list[Translation]:
+    def _prefix(self, prefixes: Sequence[Sequence[int]] | None, rows: Sequence[int]) -> torch.Tensor | None:
+        """(len(rows), P) the prefixes of these sources, PAD after the shorter ones; None without any."""
+        if prefixes is None or not any(prefixes[i] for i in rows):
+            return None
+        width = max(len(prefixes[i]) for i in rows)
+        out = torch.full((len(rows), width), PAD_ID, dtype=torch.long)
+        for k, i in enumerate(rows):
+            out[k, :len(prefixes[i])] = torch.tensor(prefixes[i], dtype=torch.long)
+        return out.to(self.device)
+
+    def encode_prefixes(self, sources: Sources, prefixes: Sequence[str]) -> list[list[int]]:
+        """The target pieces of each non-empty source's prefix (cleaned as targets are), in ``sources``'
+        order; an empty prefix is no prefix."""
+        if len(prefixes) != sources.count:
+            raise ValueError(f"{len(prefixes)} prefixes for {sources.count} lines")
+        texts = [clean(prefixes[i]) for i in sources.lines]
+        encoded = self.tokenizer.encode_tgt([t for t in texts if t]) if any(texts) else []
+        pieces = iter(encoded)
+        return [next(pieces) if text else [] for text in texts]
+
+    def translate(self, lines: Sequence[str], prefixes: Sequence[str] | None = None) -> list[Translation]:
+        """One ``Translation`` per line; ``prefixes`` (one per line, may be empty): the text each line's
+        translations start with, the search going on from there (an empty source still gives "")."""
         sources = self.encode(lines)
         out = [Translation([("", 0.0)]) for _ in range(sources.count)]
-        found = self.search(sources.ids)
+        found = self.search(sources.ids, prefixes=(self.encode_prefixes(sources, prefixes)
+                                                   if prefixes is not None else None))
         # One call detokenises everything: sentencepiece's batch decoding costs per call, not per piece.
         decoded = iter(self.tokenizer.decode_tgt([h.tokens for hyps in found for h in hyps]))
         for i, hyps in zip(sources.lines, found):
@@ -192,13 +220,16 @@ class Translator:
             out[i] = Translation([(next(decoded), score) for score in scores], i in sources.truncated)
         return out
 
-    def translate_stream(self, lines: Iterable[str], chunk_lines: int = 1000) -> Iterator[list[Translation]]:
+    def translate_stream(self, lines: Iterable[str], chunk_lines: int = 1000,
+                         prefixes: Sequence[str] | None = None) -> Iterator[list[Translation]]:
         """``translate`` over a stream: each chunk is the lines that have arrived (at least one, at most
         ``chunk_lines``; ``arrived``), and its translations come out, in order, as soon as it is done. A
         user or a pipe that sends one line and waits gets its answer; a file still goes in full chunks,
-        and needs memory for about two of them."""
+        and needs memory for about two of them. ``prefixes``: one per line, in order (``translate``)."""
+        done = 0
         for chunk in arrived(lines, chunk_lines):
-            yield self.translate(chunk)
+            yield self.translate(chunk, prefixes[done:done + len(chunk)] if prefixes is not None else None)
+            done += len(chunk)
 
     def best(self, lines: Sequence[str]) -> list[str]:
         """The best translation of each line."""

@@ -514,3 +514,39 @@ def test_an_ensemble_with_another_tokenizer_exits_4(ckpt, tiny, tmp_path):
     assert result.exit_code == 4, result.output
     assert "must share one tokenizer" in assert_one_error_line(result.stderr)
     assert not out.exists()
+
+
+# ------------------------------------------------------------------------------------------- --prefix
+
+
+def test_translate_prefix_from_a_file(run, tmp_path):
+    run_dir = run
+    src, prefixes = tmp_path / "src.txt", tmp_path / "prefixes.txt"
+    src.write_text("may 22nd 2040\nnovember 19th 1982\n1982\n", encoding="utf-8")
+    prefixes.write_text("22\n\n1983\n", encoding="utf-8")
+    result = CliRunner().invoke(app, ["translate", str(run_dir), "-i", str(src), "--prefix", str(prefixes)])
+    assert result.exit_code == 0, result.output
+    first, second, third = result.stdout.splitlines()
+    assert first.startswith("22") and third.startswith("1983")
+    free = CliRunner().invoke(app, ["translate", str(run_dir), "november 19th 1982"])
+    assert second == free.stdout.strip()
+
+
+@pytest.mark.parametrize("how", ["file", "arguments", "stdin"])
+def test_a_prefix_file_of_another_line_count_is_refused(run, tmp_path, how):
+    run_dir = run
+    prefixes = tmp_path / "prefixes.txt"
+    prefixes.write_text("22\n\n", encoding="utf-8")
+    args, stdin = ["translate", str(run_dir), "--prefix", str(prefixes)], None
+    if how == "file":
+        (tmp_path / "src.txt").write_text("a\nb\nc\n", encoding="utf-8")
+        args += ["-i", str(tmp_path / "src.txt"), "-o", str(tmp_path / "out.txt")]
+    elif how == "arguments":
+        args += ["may 22nd 2040"]
+    else:
+        stdin = "a\nb\nc\n"
+    result = CliRunner().invoke(app, args, input=stdin)
+    assert result.exit_code == 3
+    line = assert_one_error_line(result.stderr)
+    assert f"--prefix {prefixes} has 2 lines, but the input has" in line
+    assert not (tmp_path / "out.txt").exists()

@@ -386,3 +386,29 @@ def test_library_errors_name_the_folder(exported, tmp_path):
         read_export(tmp_path)
     with pytest.raises(ConfigError, match="--quantization"):
         export_ctranslate2(exported, tmp_path / "x", "int4")
+
+
+@pytest.mark.parametrize("beam", [1, 5])
+def test_target_prefixes_decode_token_for_token(ckpt, exported, beam):
+    """``translate --prefix`` through an export (CTranslate2's ``target_prefix``) gives attnmt's outputs,
+    with length penalty 0: the reference's first two words forced on two sentences in three. The one
+    difference, by design of CTranslate2's beam search: it never ends a hypothesis right after its prefix,
+    where attnmt's beam may (greedy search, both may)."""
+    ours, theirs = both(ckpt, exported, beam_size=beam)
+    references = [tgt for _, tgt, _ in toy_pairs("test", 60)]
+    prefixes = [" ".join(ref.split()[:2]) if i % 3 else "" for i, ref in enumerate(references)]
+    sources = ours.encode(SOURCES)
+    forced = ours.encode_prefixes(sources, prefixes)
+    mine, other = ours.search(sources.ids, prefixes=forced), theirs.search(sources.ids, prefixes=forced)
+    assert all(h[0].tokens[:len(p)] == p for hyps in (mine, other) for h, p in zip(hyps, forced))
+    differ = [i for i, (a, b) in enumerate(zip(mine, other)) if a[0].tokens != b[0].tokens]
+    ended = [i for i in differ if forced[i] and mine[i][0].tokens == forced[i]]
+    if beam == 1:
+        assert not differ
+    else:
+        assert len(set(differ) - set(ended)) <= 2, (differ, ended)
+    free = [i for i, p in enumerate(prefixes) if not p]
+    alone = theirs.search([sources.ids[i] for i in free])
+    assert [other[i][0].tokens for i in free] == [h[0].tokens for h in alone]
+    texts = theirs.translate(SOURCES, prefixes)
+    assert [t.outputs[0][0] for t in texts] == ours.tokenizer.decode_tgt([h[0].tokens for h in other])

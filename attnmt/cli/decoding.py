@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from ..choices import BleuTokenizer
+from ..errors import DataError
 from .app import command
 from .common import FileProgress, open_translator, sentences_or_input
 from .contract import Output
@@ -28,7 +30,7 @@ from .options import (
 CHUNK_LINES = 1000
 
 
-@command(inputs=("model", "input_", "ensemble"), outputs={"output": Output()})
+@command(inputs=("model", "input_", "ensemble", "prefix"), outputs={"output": Output()})
 def translate(
     model: ModelArg,
     sentences: SentencesArg = None,
@@ -56,6 +58,10 @@ def translate(
     seed: Annotated[int | None, typer.Option("--seed", min=0, max=2**64 - 1, help="With --sampling: the "
                                              "random seed (default 1); the same seed and input give the "
                                              "same samples.", show_default=False)] = None,
+    prefix: Annotated[Path | None, typer.Option("--prefix", help="Target prefixes, one per input line (an "
+                                                "empty line: none): each translation starts with its "
+                                                "line's prefix and goes on from there.",
+                                                show_default=False)] = None,
     device: DeviceOpt = "auto",
 ) -> None:
     """Translate sentences, a file or stdin; one output line per input line, in input order.
@@ -63,38 +69,76 @@ def translate(
     With --nbest N (or --sampling --nbest N): N lines per input, "index<TAB>score<TAB>translation".
     """
     from ..data import count_lines
-    from ..runfiles import atomic_write_text
-
-    draw = _sampling(sampling, beam_size, temperature, top_k, top_p, seed)
-    lines = sentences_or_input(sentences, input_)
     from ..translator import DecodeOverrides
 
+    draw = _sampling(sampling, beam_size, temperature, top_k, top_p, seed)
+    total = count_lines(input_) if input_ is not None else 0  # None for a pipe: progress without a total
+    lines = sentences_or_input(sentences, input_)
+    prefixes = None
+    if prefix is not None:
+        lines, prefixes = _prefixed(lines, prefix, len(sentences) if sentences else total if input_ else None)
     overrides = DecodeOverrides(beam_size, nbest, length_penalty, max_tokens, draw)
     translator, _, _ = open_translator(model, device, overrides, ensemble=ensemble)
-    written: list[str] = []
-    truncated = index = 0
-    total = count_lines(input_) if input_ is not None else 0  # None for a pipe: progress without a total
     with FileProgress(total, "translating", show=input_ is not None and str(input_) != "-") as progress:
-        for results in translator.translate_stream(lines, CHUNK_LINES):
-            text = []
-            for result in results:
-                truncated += result.truncated
-                if nbest == 1:
-                    text.append(result.outputs[0][0] + "\n")
-                else:
-                    text.extend(f"{index}\t{score:.4f}\t{out}\n" for out, score in result.outputs)
-                index += 1
-            progress.advance(len(results))
-            if output is None:
-                sys.stdout.write("".join(text))
-                sys.stdout.flush()  # per chunk, so that a pipe sees results as they come
-            else:
-                written.extend(text)
-    if output is not None:
-        atomic_write_text(output, "".join(written))
+        truncated = _write_translations(translator.translate_stream(lines, CHUNK_LINES, prefixes), nbest,
+                                        output, progress)
     if truncated:
         sys.stderr.write(f"warning: {truncated} line(s) "
                          "longer than decode.max_src_len pieces were truncated\n")
+
+
+def _write_translations(chunks, nbest: int, output: Path | None, progress: FileProgress) -> int:
+    """``translate``'s output: each chunk's translations to stdout as soon as they come, or all of them to
+    ``output`` (atomically) at the end; the best one a line, or with --nbest "index<TAB>score<TAB>text".
+    Returns how many sources were truncated."""
+    from ..runfiles import atomic_write_text
+
+    written: list[str] = []
+    truncated = index = 0
+    for results in chunks:
+        text = []
+        for result in results:
+            truncated += result.truncated
+            if nbest == 1:
+                text.append(result.outputs[0][0] + "\n")
+            else:
+                text.extend(f"{index}\t{score:.4f}\t{out}\n" for out, score in result.outputs)
+            index += 1
+        progress.advance(len(results))
+        if output is None:
+            sys.stdout.write("".join(text))
+            sys.stdout.flush()  # per chunk, so that a pipe sees results as they come
+        else:
+            written.extend(text)
+    if output is not None:
+        atomic_write_text(output, "".join(written))
+    return truncated
+
+
+def _prefixed(lines, path: Path, count: int | None) -> tuple[Iterable[str], list[str]]:
+    """``translate --prefix``: the prefixes, and the input lines checked to be as many (DataError, before
+    any work when the input's lines are counted ahead; for a pipe, as soon as it runs out)."""
+    from ..data import read_lines
+
+    prefixes = list(read_lines(path))
+
+    def mismatch(n: int | str) -> DataError:
+        return DataError(f"--prefix {path} has {len(prefixes)} lines, but the input has {n}")
+
+    if count is not None and count != len(prefixes):
+        raise mismatch(count)
+
+    def checked() -> Iterator[str]:
+        n = 0
+        for line in lines:
+            if n == len(prefixes):
+                raise mismatch("more")
+            n += 1
+            yield line
+        if n != len(prefixes):
+            raise mismatch(n)
+
+    return checked(), prefixes
 
 
 def _sampling(sampling: bool, beam_size: int | None, temperature: float | None, top_k: int | None,
