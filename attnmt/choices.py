@@ -44,3 +44,9 @@ class BleuTokenizer(str, Enum):
     flores101 = "flores101"
     flores200 = "flores200"
     spbleu_1k = "spBLEU-1K"
+
+
+class Scores(str, Enum):
+    """``translate --scores``: what to print beside each translation."""
+
+    words = "words"

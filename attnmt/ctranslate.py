@@ -33,12 +33,11 @@ import torch
 from .batching import token_batches
 from .checkpoint import sha256_file
 from .config import Config, config_from_dict
-from .data import clean
 from .decode import Hypothesis, Sampling, check_search_settings
 from .errors import CheckpointError, ConfigError, ResourceError
 from .runfiles import EXPORT_MANIFEST, fsync_dir
 from .tokenizer import BOS_ID, META_FILE, PAD_ID, Tokenizer, load_tokenizer
-from .translator import Scored, Translator
+from .translator import Translator
 
 FORMAT = "attnmt-ctranslate2"
 VERSION = 1
@@ -383,18 +382,13 @@ class Ct2Translator(Translator):
         for (_, h), result in zip(pairs, scored):
             h.score = float(sum(result.log_probs))
 
-    def score(self, sources: Sequence[str], targets: Sequence[str]) -> list[Scored]:
-        """As ``Translator.score``, through CTranslate2's ``score_batch``."""
-        from .decode import gnmt_penalty
-
-        src_ids = [ids[: self.decode.max_src_len]
-                   for ids in self.tokenizer.encode_src([clean(s) for s in sources])] if sources else []
-        tgt_ids = self.tokenizer.encode_tgt([clean(t) for t in targets]) if targets else []
+    def piece_logprobs(self, src_ids: Sequence[Sequence[int]],
+                       tgt_ids: Sequence[Sequence[int]]) -> list[list[float]]:
+        """As ``Translator.piece_logprobs`` (and so ``score`` and word scores), through CTranslate2's
+        ``score_batch``."""
+        if not src_ids:
+            return []
         src = [[self._src_vocab[i] for i in ids] for ids in src_ids]
-        tgt = [self.tokenizer.tgt_pieces(ids) for ids in tgt_ids]
-        out = []
-        for result, ids in zip(self.engine.score_batch(src, tgt, max_input_length=0), tgt_ids):
-            total, n = float(sum(result.log_probs)), len(ids) + 1  # EOS included
-            out.append(Scored(total, n, total / gnmt_penalty(n, self.decode.length_penalty)))
-        return out
-
+        tgt = [self.tokenizer.tgt_pieces(list(ids)) for ids in tgt_ids]
+        return [[float(x) for x in result.log_probs]
+                for result in self.engine.score_batch(src, tgt, max_input_length=0)]

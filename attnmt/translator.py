@@ -26,6 +26,7 @@ from .decode import Hypothesis, Sampling, beam_search, check_search_settings, gn
 from .errors import ConfigError
 from .models.protocol import TranslationModel
 from .tokenizer import PAD_ID, Tokenizer
+from .words import WordScores, word_scores
 
 
 @dataclass
@@ -35,6 +36,7 @@ class Translation:
 
     outputs: list[tuple[str, float]]
     truncated: bool = False  # the source was longer than max_src_len pieces and was cut
+    words: list[WordScores] | None = None  # with ``translate(words=True)``: each output's word scores
 
 
 @dataclass
@@ -206,9 +208,11 @@ class Translator:
         pieces = iter(encoded)
         return [next(pieces) if text else [] for text in texts]
 
-    def translate(self, lines: Sequence[str], prefixes: Sequence[str] | None = None) -> list[Translation]:
+    def translate(self, lines: Sequence[str], prefixes: Sequence[str] | None = None,
+                  words: bool = False) -> list[Translation]:
         """One ``Translation`` per line; ``prefixes`` (one per line, may be empty): the text each line's
-        translations start with, the search going on from there (an empty source still gives "")."""
+        translations start with, the search going on from there (an empty source still gives "");
+        ``words``: each output's words with their probabilities too (``words.word_scores``)."""
         sources = self.encode(lines)
         out = [Translation([("", 0.0)]) for _ in range(sources.count)]
         found = self.search(sources.ids, prefixes=(self.encode_prefixes(sources, prefixes)
@@ -218,44 +222,69 @@ class Translator:
         for i, hyps in zip(sources.lines, found):
             scores = [h.score / gnmt_penalty(len(h.tokens) + 1, self.decode.length_penalty) for h in hyps]
             out[i] = Translation([(next(decoded), score) for score in scores], i in sources.truncated)
+        if words:
+            pairs = [(ids, h.tokens) for ids, hyps in zip(sources.ids, found) for h in hyps]
+            logprobs = iter(self.piece_logprobs([s for s, _ in pairs], [t for _, t in pairs]))
+            for translation in out:
+                translation.words = [WordScores([], 1.0)] * len(translation.outputs)  # an empty line
+            for i, hyps in zip(sources.lines, found):
+                out[i].words = [word_scores(self.tokenizer.tgt_pieces(h.tokens), next(logprobs))
+                                for h in hyps]
         return out
 
     def translate_stream(self, lines: Iterable[str], chunk_lines: int = 1000,
-                         prefixes: Sequence[str] | None = None) -> Iterator[list[Translation]]:
+                         prefixes: Sequence[str] | None = None,
+                         words: bool = False) -> Iterator[list[Translation]]:
         """``translate`` over a stream: each chunk is the lines that have arrived (at least one, at most
         ``chunk_lines``; ``arrived``), and its translations come out, in order, as soon as it is done. A
         user or a pipe that sends one line and waits gets its answer; a file still goes in full chunks,
-        and needs memory for about two of them. ``prefixes``: one per line, in order (``translate``)."""
+        and needs memory for about two of them. ``prefixes`` (one per line, in order) and ``words``: as
+        ``translate``'s."""
         done = 0
         for chunk in arrived(lines, chunk_lines):
-            yield self.translate(chunk, prefixes[done:done + len(chunk)] if prefixes is not None else None)
+            yield self.translate(chunk, prefixes[done:done + len(chunk)] if prefixes is not None else None,
+                                 words)
             done += len(chunk)
 
     def best(self, lines: Sequence[str]) -> list[str]:
         """The best translation of each line."""
         return [t.outputs[0][0] for t in self.translate(lines)]
 
-    @torch.no_grad()
     def score(self, sources: Sequence[str], targets: Sequence[str]) -> list[Scored]:
         """The model's log-probability of each given target under teacher forcing, EOS included, in the
         model's own distribution (what beam search sums for its hypotheses); sources are cleaned, encoded
         and cut to ``decode.max_src_len`` as ``translate`` does, targets cleaned and encoded whole."""
+        src_ids, tgt_ids = self.encode_pairs(sources, targets)
+        out = []
+        for logprobs in self.piece_logprobs(src_ids, tgt_ids):
+            total, n = float(sum(logprobs)), len(logprobs)
+            out.append(Scored(total, n, total / gnmt_penalty(n, self.decode.length_penalty)))
+        return out
+
+    def encode_pairs(self, sources: Sequence[str], targets: Sequence[str]) -> tuple[list, list]:
+        """Piece ids of given pairs: sources as ``translate`` reads them, targets cleaned, encoded whole."""
         src_ids = [ids[: self.decode.max_src_len]
                    for ids in self.tokenizer.encode_src([clean(s) for s in sources])] if sources else []
         tgt_ids = self.tokenizer.encode_tgt([clean(t) for t in targets]) if targets else []
+        return src_ids, tgt_ids
+
+    @torch.no_grad()
+    def piece_logprobs(self, src_ids: Sequence[Sequence[int]],
+                       tgt_ids: Sequence[Sequence[int]]) -> list[list[float]]:
+        """Each target piece's log-probability under teacher forcing, then EOS's (len(target) + 1 each)."""
         order = sorted(range(len(src_ids)), key=lambda i: (len(src_ids[i]), len(tgt_ids[i])))
         lengths = [max(len(s), len(t)) + 1 for s, t in zip(src_ids, tgt_ids)]
-        out: list[Scored] = [Scored(0.0, 0, 0.0) for _ in src_ids]
+        out: list[list[float]] = [[] for _ in src_ids]
         was_training = self.model.training
         self.model.eval()
         try:
             for chunk in token_batches(lengths, order, self.decode.max_tokens):
                 batch = collate([src_ids[i] for i in chunk], [tgt_ids[i] for i in chunk]).to(self.device)
-                logits = self.model(batch).logits  # (B, T, V)
-                logp = torch.log_softmax(logits.float(), dim=-1).gather(-1, batch.tgt_out[..., None])[..., 0]
-                sums = (logp * batch.tgt_mask).sum(-1).tolist()  # (B,)
-                for i, total, n in zip(chunk, sums, batch.tgt_lengths.tolist()):
-                    out[i] = Scored(total, n, total / gnmt_penalty(n, self.decode.length_penalty))
+                logits = self.model(batch).logits  # (B, T, V), in at least fp32 as the search's
+                logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+                logp = torch.log_softmax(logits, dim=-1).gather(-1, batch.tgt_out[..., None])[..., 0]
+                for i, row, n in zip(chunk, logp.tolist(), batch.tgt_lengths.tolist()):
+                    out[i] = row[:n]
         finally:
             self.model.train(was_training)
         return out

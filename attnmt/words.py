@@ -1,5 +1,6 @@
-"""Pieces and words: what a word is in a line of text, which of a model's pieces make it up, and attention
-over pieces merged into attention over words (``plot --words``, ``align``).
+"""Pieces and words: what a word is in a line of text, which of a model's pieces make it up, attention
+over pieces merged into attention over words (``plot --words``, ``align``), and a word's probability
+from its pieces' (``word_scores``).
 
 Letters: T query positions, S key positions, P pieces, W words.
 
@@ -301,3 +302,42 @@ def _word_membership(pieces: list[str], words: list[Word],
 
 def word_count(spec: Pieces) -> int:
     return spec.shape[1] if isinstance(spec, np.ndarray) else len(spec)
+
+
+# --------------------------------------------------------------------------------- word confidence
+#
+# ``translate --scores words`` and ``score --words``: a word's log-probability is the sum of its pieces'
+# (the chain rule: the probability that the model writes exactly those pieces, one after another), so
+# its probability is the exponent of that sum, and the product of every word's and the end's is the
+# whole output's. Pieces become words as above; in CJK text a piece shared by several character words
+# gives each the share of its log-probability that its characters are of the piece.
+
+
+@dataclass(frozen=True)
+class WordScores:
+    """One output's words, each with its probability, and the probability of its end (EOS)."""
+
+    words: list[tuple[str, float]]
+    end: float
+
+    def as_json(self) -> dict:
+        """Probabilities to 6 significant digits (a rare word's 1e-9 is not 0)."""
+        return {"words": [{"word": w, "prob": float(f"{p:.6g}")} for w, p in self.words],
+                "end": float(f"{self.end:.6g}")}
+
+
+def word_scores(pieces: Sequence[str], logprobs: Sequence[float]) -> WordScores:
+    """``pieces`` (the output's, without EOS) and ``logprobs`` (one per piece, then EOS's) -> its words'
+    probabilities and its end's."""
+    if len(logprobs) != len(pieces) + 1:
+        raise ValueError(f"{len(logprobs)} log-probabilities for {len(pieces)} pieces and the end")
+    if not pieces:
+        return WordScores([], float(np.exp(logprobs[-1])))
+    found, labels = piece_words(pieces)
+    piece_logp = np.asarray(logprobs[:-1], dtype=np.float64)
+    if isinstance(found, np.ndarray):  # a membership matrix (P, W) whose rows sum to 1
+        word_logp = piece_logp @ found
+    else:
+        word_logp = np.array([piece_logp[group].sum() for group in found])
+    return WordScores([(label, float(np.exp(lp))) for label, lp in zip(labels, word_logp)],
+                      float(np.exp(logprobs[-1])))

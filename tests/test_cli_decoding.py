@@ -5,6 +5,7 @@ equal to the sacrebleu command line, and averaged checkpoints checked against a 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -550,3 +551,34 @@ def test_a_prefix_file_of_another_line_count_is_refused(run, tmp_path, how):
     line = assert_one_error_line(result.stderr)
     assert f"--prefix {prefixes} has 2 lines, but the input has" in line
     assert not (tmp_path / "out.txt").exists()
+
+
+# ------------------------------------------------------------------------------------- --scores words
+
+
+def test_translate_scores_words_agree_with_score_words(run, tmp_path):
+    """``translate --scores words`` prints each output's words with their probabilities; ``score --words``
+    on those outputs prints the same words and probabilities (teacher forcing of the same pieces)."""
+    src = tmp_path / "src.txt"
+    src.write_text("may 22nd 2040\n\nnovember 19th 1982\n", encoding="utf-8")
+    result = CliRunner().invoke(app, ["translate", str(run), "-i", str(src), "--scores", "words",
+                                      "--beam-size", "3", "--nbest", "2", "--length-penalty", "0"])
+    assert result.exit_code == 0, result.output
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len(records) == 3 and [len(r["outputs"]) for r in records] == [2, 1, 2]
+    assert records[1]["outputs"][0]["words"] == [] and records[1]["outputs"][0]["text"] == ""
+    first = records[0]["outputs"][0]
+    assert first["text"] and all(0 < w["prob"] <= 1 for w in first["words"])
+    logprob = sum(math.log(w["prob"]) for w in first["words"]) + math.log(first["end"])
+    assert logprob == pytest.approx(first["score"], abs=1e-4)
+    hyp = tmp_path / "hyp.txt"
+    hyp.write_text(first["text"] + "\n", encoding="utf-8")
+    one = tmp_path / "one.txt"
+    one.write_text("may 22nd 2040\n", encoding="utf-8")
+    scored = CliRunner().invoke(app, ["score", str(run), "--src", str(one), "--tgt", str(hyp), "--words"])
+    assert scored.exit_code == 0, scored.output
+    (record,) = [json.loads(line) for line in scored.stdout.splitlines()]
+    assert [w["word"] for w in record["words"]] == [w["word"] for w in first["words"]]
+    expected = [w["prob"] for w in first["words"]]
+    assert [w["prob"] for w in record["words"]] == pytest.approx(expected, abs=1e-5)
+    assert record["logprob"] == pytest.approx(first["score"], abs=1e-4)

@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from ..choices import BleuTokenizer
+from ..choices import BleuTokenizer, Scores
 from ..errors import DataError
 from .app import command
 from .common import FileProgress, open_translator, sentences_or_input
@@ -58,6 +58,10 @@ def translate(
     seed: Annotated[int | None, typer.Option("--seed", min=0, max=2**64 - 1, help="With --sampling: the "
                                              "random seed (default 1); the same seed and input give the "
                                              "same samples.", show_default=False)] = None,
+    scores: Annotated[Scores | None, typer.Option("--scores", help="words: one JSON object per input line, "
+                                                  "each output with its score and every word's "
+                                                  "probability (and the end's).",
+                                                  show_default=False)] = None,
     prefix: Annotated[Path | None, typer.Option("--prefix", help="Target prefixes, one per input line (an "
                                                 "empty line: none): each translation starts with its "
                                                 "line's prefix and goes on from there.",
@@ -80,8 +84,8 @@ def translate(
     overrides = DecodeOverrides(beam_size, nbest, length_penalty, max_tokens, draw)
     translator, _, _ = open_translator(model, device, overrides, ensemble=ensemble)
     with FileProgress(total, "translating", show=input_ is not None and str(input_) != "-") as progress:
-        truncated = _write_translations(translator.translate_stream(lines, CHUNK_LINES, prefixes), nbest,
-                                        output, progress)
+        chunks = translator.translate_stream(lines, CHUNK_LINES, prefixes, words=scores is not None)
+        truncated = _write_translations(chunks, nbest, output, progress)
     if truncated:
         sys.stderr.write(f"warning: {truncated} line(s) "
                          "longer than decode.max_src_len pieces were truncated\n")
@@ -99,7 +103,9 @@ def _write_translations(chunks, nbest: int, output: Path | None, progress: FileP
         text = []
         for result in results:
             truncated += result.truncated
-            if nbest == 1:
+            if result.words is not None:
+                text.append(json.dumps(_with_words(result), ensure_ascii=False) + "\n")
+            elif nbest == 1:
                 text.append(result.outputs[0][0] + "\n")
             else:
                 text.extend(f"{index}\t{score:.4f}\t{out}\n" for out, score in result.outputs)
@@ -113,6 +119,38 @@ def _write_translations(chunks, nbest: int, output: Path | None, progress: FileP
     if output is not None:
         atomic_write_text(output, "".join(written))
     return truncated
+
+
+def _scored_lines(translator, sources: list[str], targets: list[str], as_json: bool, words: bool,
+                  progress: FileProgress) -> list[str]:
+    """``score``'s lines: TSV, or JSON with ``--json`` (and the words' probabilities with ``--words``)."""
+    from ..decode import gnmt_penalty
+    from ..translator import Scored
+    from ..words import word_scores
+
+    lines = []
+    for start in range(0, len(sources), CHUNK_LINES):
+        src_ids, tgt_ids = translator.encode_pairs(sources[start:start + CHUNK_LINES],
+                                                   targets[start:start + CHUNK_LINES])
+        alpha = translator.decode.length_penalty
+        for ids, logprobs in zip(tgt_ids, translator.piece_logprobs(src_ids, tgt_ids)):
+            total, n = float(sum(logprobs)), len(logprobs)
+            s = Scored(total, n, total / gnmt_penalty(n, alpha))
+            record = {"logprob": round(s.logprob, 6), "tokens": s.tokens, "per_token": round(s.per_token, 6),
+                      "normalized": round(s.normalized, 6)}
+            if words:
+                record.update(word_scores(translator.tokenizer.tgt_pieces(ids), logprobs).as_json())
+            lines.append(json.dumps(record, ensure_ascii=False) if as_json or words else
+                         f"{s.logprob:.6f}\t{s.tokens}\t{s.per_token:.6f}\t{s.normalized:.6f}")
+        progress.advance(len(src_ids))
+    return lines
+
+
+def _with_words(result) -> dict:
+    """``translate --scores words``'s line: the outputs with their scores and word probabilities."""
+    return {"outputs": [{"text": text, "score": round(score, 6), **words.as_json()}
+                        for (text, score), words in zip(result.outputs, result.words)],
+            "truncated": result.truncated}
 
 
 def _prefixed(lines, path: Path, count: int | None) -> tuple[Iterable[str], list[str]]:
@@ -243,6 +281,8 @@ def score(
     output: Annotated[Path | None, typer.Option("--output", "-o",
                                                 help="Write here (atomically) instead of stdout.")] = None,
     json_: Annotated[bool, typer.Option("--json", help="One JSON object per line instead of TSV.")] = False,
+    words: Annotated[bool, typer.Option("--words", help="Each translation's words with their "
+                                        "probabilities too, and the end's (JSON lines).")] = False,
     max_tokens: MaxTokensOpt = None,
     length_penalty: LengthPenaltyOpt = None,
     device: DeviceOpt = "auto",
@@ -251,7 +291,8 @@ def score(
 
     One line per pair: the sum of the log-probabilities of its pieces (EOS included), the pieces counted
     (EOS included), the mean per piece, and the sum over the GNMT length penalty (decode.length_penalty,
-    or --length-penalty): the score beam search ranks by and translate --nbest prints. TSV, or --json.
+    or --length-penalty): the score beam search ranks by and translate --nbest prints. TSV, or --json;
+    --words adds each word's probability and the end's (JSON).
     """
     from ..runfiles import atomic_write_text
     from .common import read_pairs, write_output
@@ -260,17 +301,8 @@ def score(
     from ..translator import DecodeOverrides
 
     translator, _, _ = open_translator(model, device, DecodeOverrides(None, 1, length_penalty, max_tokens))
-    scored = []
     with FileProgress(len(sources), "scoring") as progress:
-        for start in range(0, len(sources), CHUNK_LINES):
-            scored += translator.score(sources[start:start + CHUNK_LINES], targets[start:start + CHUNK_LINES])
-            progress.advance(len(scored) - start)
-    if json_:
-        lines = [json.dumps({"logprob": round(s.logprob, 6), "tokens": s.tokens,
-                             "per_token": round(s.per_token, 6), "normalized": round(s.normalized, 6)})
-                 for s in scored]
-    else:
-        lines = [f"{s.logprob:.6f}\t{s.tokens}\t{s.per_token:.6f}\t{s.normalized:.6f}" for s in scored]
+        lines = _scored_lines(translator, sources, targets, json_, words, progress)
     text = "".join(line + "\n" for line in lines)
     if output is not None:
         atomic_write_text(output, text)
