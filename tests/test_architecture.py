@@ -105,7 +105,7 @@ MAX_MODULE_LINES, MAX_FUNCTION_LINES = 450, 70
 # The rooms that were over the limits when the rule came in, with their size then: each may shrink (and
 # leave this list once it fits), never grow. A new room over a limit fails the test.
 TOO_LONG_MODULES: dict[str, int] = {}
-TOO_LONG_FUNCTIONS = {"attnmt/cli/looking.py:plot": 81, "attnmt/cli/looking.py:align": 108}
+TOO_LONG_FUNCTIONS = {"attnmt/cli/looking.py:plot": 81, "attnmt/cli/looking.py:align": 100}
 
 
 def sizes() -> tuple[dict[str, int], dict[str, int]]:

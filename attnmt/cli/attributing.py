@@ -10,11 +10,11 @@ from typing import Annotated
 
 import typer
 
+from ..align_request import check_source
 from ..errors import DataError
 from .app import command
 from .common import FileProgress, open_for_attention, read_pairs, write_output
 from .contract import Output
-from .looking import check_source
 from .options import AttributionMethod, BeamOpt, DeviceOpt, ModelArg, StepsOpt
 
 
@@ -51,7 +51,7 @@ def attribute(
     """
     from ..attention_maps import attribute_corpus, default_align_options, explore
 
-    check_source(method, None, None, False)  # captum, unless the method is attention
+    check_source(method.value, None, None, False)  # captum, unless the method is attention
     sources, targets = read_pairs(src, tgt)
     if limit is not None:
         sources, targets = sources[:limit], (targets[:limit] if targets is not None else None)

@@ -11,6 +11,8 @@ from typing import Annotated
 
 import typer
 
+from ..align_request import AlignRequest, check_request
+from ..align_request import reading as model_reading
 from ..errors import ConfigError, DataError
 from .app import command
 from .common import (
@@ -35,6 +37,8 @@ from .options import (
     StepsOpt,
     Symmetrization,
     WordRule,
+    parse_heads,
+    parse_layer,
 )
 
 
@@ -154,48 +158,6 @@ def _explore(translator, cfg, checkpoint: Path, lines, limit, html: Path, tgt: P
     typer.echo(f"wrote {html} ({done.bytes / 1024:,.0f} KB): {done.sentences} sentence(s) in {seconds:.1f} s")
 
 
-def layer_and_heads(cfg, layer: Layer | None = None, heads: Heads | None = None,
-                    checkpoint: Path | None = None) -> tuple[Layer, Heads]:
-    """``align``'s layer and heads, given or by default (``attention_maps.default_align_options``): the
-    reading ``align --calibrate`` stored for the run of ``checkpoint``, else the layer and heads that
-    ``train.alignment`` taught the model, else every layer and head."""
-    from ..attention_maps import default_align_options
-
-    default = default_align_options(cfg, checkpoint)
-    if layer is None:
-        layer = Layer.parse("avg" if default.layer is None else str(default.layer + 1))
-    if heads is None:
-        heads = Heads.parse("all" if default.heads is None else ",".join(str(h + 1) for h in default.heads))
-    return layer, heads
-
-
-def _reading(cfg, layer: Layer | None, heads: Heads | None, which: str = "", checkpoint: Path | None = None,
-             **options):
-    """(layer, heads, ``AlignOptions``) of one model for ``align``: the layer and heads given, else the
-    model's defaults (``layer_and_heads``), checked against the model; ``which`` names it in messages."""
-    from ..alignment import AlignOptions
-    from ..models import attention_layout
-
-    layer, heads = layer_and_heads(cfg, layer, heads, checkpoint)
-    n_layers, n_heads = attention_layout(cfg.model)
-    layer.check(n_layers["cross"], which)
-    heads.check(n_heads, which)
-    return layer, heads, AlignOptions(layer.index, heads.indices, **options)
-
-
-def check_source(source: AttributionMethod, layer: Layer | None, heads: Heads | None, shift: bool) -> None:
-    """``align --from``: a gradient attribution has no layers, heads or shifted rows to choose."""
-    if source != AttributionMethod.attention:
-        chosen = (("--layer", layer), ("--heads", heads), ("--shift", shift))
-        given = [name for name, value in chosen if value]
-        if given:
-            raise ConfigError(f"{given[0]} chooses what attention is read; --from {source.value} reads "
-                              "a gradient attribution instead")
-        from ..attribution import captum_attr
-
-        captum_attr()  # missing captum is said before a model is loaded
-
-
 def _reverse_model(model: Path, cfg, reverse: Path, device, beam_size):
     """``align --reverse``: the reverse model and its config, checked to translate the other way."""
     back, back_cfg, back_checkpoint = open_for_attention(reverse, device, beam_size)
@@ -206,16 +168,6 @@ def _reverse_model(model: Path, cfg, reverse: Path, device, beam_size):
                           f"reverse of {model} ({'->'.join(forward_pair)}) is "
                           f"{'->'.join(forward_pair[::-1])}")
     return back, back_cfg, back_checkpoint
-
-
-def _check_calibrate(tgt: Path | None, given: dict) -> None:
-    if tgt is None:
-        raise ConfigError("--calibrate needs --tgt: the gold links refer to the target sentences they were "
-                          "made for")
-    clash = [name for name, value in given.items() if value]
-    if clash:
-        raise ConfigError(f"--calibrate chooses the layer and heads itself and writes the run folder's "
-                          f"reading; it cannot be used with {clash[0]}")
 
 
 def _calibrate(translator, cfg, checkpoint: Path, sources, targets, gold_path: Path, src: Path,
@@ -256,12 +208,12 @@ def align(
                                              "(default: the model's own translations).")] = None,
     gold: Annotated[Path | None, typer.Option("--gold", help="Gold alignments (Pharaoh: i-j sure, "
                                               "i?j or ipj possible) to score against.")] = None,
-    layer: Annotated[Layer | None, typer.Option("--layer", parser=Layer.parse, metavar="LAYER",
+    layer: Annotated[Layer | None, typer.Option("--layer", parser=parse_layer, metavar="LAYER",
                                                 help="Cross-attention layer to align with: 1, 2, ..., last, "
                                                 "or avg (every layer; the default, unless the model was "
                                                 "trained with train.alignment: then its layer).",
                                                 show_default=False)] = None,
-    heads: Annotated[Heads | None, typer.Option("--heads", parser=Heads.parse, metavar="HEADS",
+    heads: Annotated[Heads | None, typer.Option("--heads", parser=parse_heads, metavar="HEADS",
                                                 help="Heads to average: 1,3 (1-based) or all (the default, "
                                                 "unless the model was trained with train.alignment: then "
                                                 "its heads).", show_default=False)] = None,
@@ -313,19 +265,10 @@ def align(
     from ..alignment import alignment_scores, format_pharaoh, read_gold
     from ..attention_maps import align_corpus
     from ..runfiles import atomic_write_text
-    if not 0 < threshold <= 1:
-        raise ConfigError(f"--threshold {threshold}: expected a weight in (0, 1]")
-    if gold is not None and tgt is None:
-        raise ConfigError("--gold needs --tgt: gold links refer to the target sentences they were made for")
-    if hyp_out is not None and tgt is not None:
-        raise ConfigError("--hyp-out writes the model's own translations; it cannot be used with --tgt")
-    if symmetrize_ is not None and reverse is None:
-        raise ConfigError("--symmetrize combines two directions: it needs --reverse MODEL")
+    check_request(AlignRequest(tgt, gold, hyp_out, output, layer, heads, shift, threshold, reverse,
+                               symmetrize_.value if symmetrize_ is not None else None, from_.value,
+                               calibrate_))
     symmetrization = (symmetrize_ or Symmetrization.grow_diag_final_and).value
-    check_source(from_, layer, heads, shift)
-    if calibrate_ is not None:
-        _check_calibrate(tgt, {"--gold": gold, "--layer": layer, "--heads": heads, "--reverse": reverse,
-                               "--from": from_ != AttributionMethod.attention, "--output": output})
     sources, targets = read_pairs(src, tgt)
     gold_links = read_gold(gold, len(sources), src, one_based) if gold is not None else None
     translator, cfg, checkpoint = open_for_attention(model, device, beam_size)
@@ -334,11 +277,12 @@ def align(
     if calibrate_ is not None:
         return _calibrate(translator, cfg, checkpoint, sources, targets, calibrate_, src, one_based, reading)
     given_layer, given_heads = layer, heads
-    layer, heads, options = _reading(cfg, given_layer, given_heads, "", checkpoint, **reading)
+    layer, heads, options = model_reading(cfg, given_layer, given_heads, "", checkpoint, **reading)
     back, back_options = None, None
     if reverse is not None:  # each model read with its own defaults (a guided model at its taught head)
         back, back_cfg, back_ckpt = _reverse_model(model, cfg, reverse, device, beam_size)
-        back_options = _reading(back_cfg, given_layer, given_heads, "--reverse ", back_ckpt, **reading)[2]
+        back_options = model_reading(back_cfg, given_layer, given_heads, "--reverse ", back_ckpt,
+                                     **reading)[2]
     if targets is None:  # the model's own translations, kept (--hyp-out) before the alignment's work
         targets = translator.best(sources)
         if hyp_out is not None:

@@ -13,8 +13,8 @@ from typing import Annotated
 
 import typer
 
+from ..align_request import Heads, Layer
 from ..choices import METRICS, Device
-from ..errors import ConfigError
 
 __all__ = ["AlignMethod", "AttributionMethod", "Device", "ExportFormat", "FigureFormat", "Heads", "Layer",
            "Metrics", "Quantization", "StepsOpt", "Symmetrization", "WordRule"]
@@ -105,63 +105,20 @@ class Metrics:
         return cls(names)
 
 
-@dataclass(frozen=True)
-class Layer:
-    """``align --layer``: a 1-based layer number, last, or avg (every layer and head averaged)."""
-
-    text: str
-    index: int | None  # 0-based; -1 for the last; None for the average
-
-    @classmethod
-    def parse(cls, value: str | Layer) -> Layer:
-        if isinstance(value, Layer):
-            return value
-        choice = value.strip().lower()
-        if choice in ("avg", "average", "mean"):
-            return cls(value, None)
-        if choice == "last":
-            return cls(value, -1)
-        try:
-            number = int(choice)
-        except ValueError:
-            raise typer.BadParameter(f"{value!r}: expected a layer number (1, 2, ...), last or avg") from None
-        if number < 1:
-            raise typer.BadParameter(f"{value}: layers count from 1")
-        return cls(value, number - 1)
-
-    def check(self, n_layers: int, which: str = "") -> None:
-        """A ConfigError unless the model (``n_layers`` cross-attention layers) has this layer; ``which``
-        names the model in the message ("--reverse ")."""
-        if self.index is not None and self.index >= n_layers:
-            raise ConfigError(f"--layer {self.text}: the {which}model has {n_layers} cross-attention "
-                              f"layer(s) (1..{n_layers}, or avg)")
+def parse_layer(value: str | Layer) -> Layer:
+    """``--layer``'s parser: ``align_request.Layer.parse``, a bad value Typer's usage error."""
+    try:
+        return Layer.parse(value)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
 
 
-@dataclass(frozen=True)
-class Heads:
-    """``align --heads 1,3``: 1-based head numbers, or all."""
-
-    text: str
-    indices: tuple[int, ...] | None  # 0-based; None for every head
-
-    @classmethod
-    def parse(cls, value: str | Heads) -> Heads:
-        if isinstance(value, Heads):
-            return value
-        if value.strip().lower() in ("all", "avg", "average"):
-            return cls(value, None)
-        try:
-            numbers = [int(part) for part in value.split(",") if part.strip()]
-        except ValueError:
-            raise typer.BadParameter(f"{value!r}: expected head numbers such as 1,3, or all") from None
-        if not numbers or min(numbers) < 1:
-            raise typer.BadParameter(f"{value!r}: heads count from 1")
-        return cls(value, tuple(sorted({n - 1 for n in numbers})))
-
-    def check(self, n_heads: int, which: str = "") -> None:
-        if self.indices is not None and self.indices[-1] >= n_heads:
-            raise ConfigError(f"--heads {self.text}: the {which}model has {n_heads} attention head(s) "
-                              f"per layer (1..{n_heads}, or all)")
+def parse_heads(value: str | Heads) -> Heads:
+    """``--heads``'s parser: ``align_request.Heads.parse``, a bad value Typer's usage error."""
+    try:
+        return Heads.parse(value)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
 
 
 ConfigArg = Annotated[Path, typer.Argument(help="The YAML config file.", show_default=False)]
