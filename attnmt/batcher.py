@@ -47,6 +47,7 @@ class Settings:
     nbest: int
     length_penalty: float
     sampling: Sampling | None = None
+    words: bool = False  # each output's word probabilities too
 
 
 @dataclass
@@ -54,6 +55,7 @@ class _Job:
     future: Future
     settings: Settings | None  # None: a call
     lines: Sequence[str] = ()
+    prefixes: Sequence[str] | None = None  # what each line's translations start with
     call: Callable[[], Any] | None = None
     cost: int = 0  # source pieces x beam rows
     arrived: float = field(default_factory=time.monotonic)
@@ -94,10 +96,13 @@ class Batcher:
 
     # ------------------------------------------------------------------ callers' side (any thread)
 
-    def submit(self, lines: Sequence[str], settings: Settings) -> Future:
-        """A future for the translations of ``lines`` (one ``Translation`` each, in order)."""
+    def submit(self, lines: Sequence[str], settings: Settings,
+               prefixes: Sequence[str] | None = None) -> Future:
+        """A future for the translations of ``lines`` (one ``Translation`` each, in order), each starting
+        with its prefix, if given (``Translator.translate``)."""
         rows = settings.nbest if settings.sampling else settings.beam_size
-        return self._put(_Job(Future(), settings, list(lines), cost=self.measure(lines) * rows))
+        return self._put(_Job(Future(), settings, list(lines), prefixes,
+                              cost=self.measure(lines) * rows))
 
     def call(self, work: Callable[[], Any]) -> Future:
         """A future for ``work()`` run on the worker thread, between batches."""
@@ -179,9 +184,14 @@ class Batcher:
             self._settle(live, lambda: [live[0].call()])
             return
         lines = [line for job in live for line in job.lines]
+        prefixes = ([p for job in live for p in (job.prefixes or [""] * len(job.lines))]
+                    if any(job.prefixes for job in live) else None)
+        settings = live[0].settings
 
         def translate() -> list[list[Translation]]:
-            found = self.variant(live[0].settings).translate(lines)
+            variant = self.variant(settings)
+            found = (variant.translate(lines) if prefixes is None and not settings.words
+                     else variant.translate(lines, prefixes, words=settings.words))
             out, start = [], 0
             for job in live:
                 out.append(found[start:start + len(job.lines)])

@@ -37,8 +37,8 @@ class _Remote:
     def __init__(self, owner: DecoderProcess, settings: Settings) -> None:
         self.owner, self.settings = owner, settings
 
-    def translate(self, lines):
-        return self.owner.ask("translate", self.settings, list(lines))
+    def translate(self, lines, prefixes=None, words: bool = False):
+        return self.owner.ask("translate", self.settings, list(lines), prefixes, words)
 
 
 class DecoderProcess:
@@ -104,8 +104,8 @@ def _child(conn, opener: Callable[[], tuple], threads: int | None) -> None:
             if kind == "ready":
                 value = None
             elif kind == "translate":
-                settings, lines = args
-                value = variant(settings).translate(lines)
+                settings, lines, prefixes, words = args
+                value = variant(settings).translate(lines, prefixes, words)
             else:  # "draw": no pair when the translation is empty, so nothing to draw
                 text, translation = args
                 value = pack(explorer_sentences(translator, [text], [translation], KINDS, AlignOptions()), 1)

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, model_validator
 from starlette.requests import Request
@@ -116,6 +117,10 @@ class TranslateRequest(BaseModel):
     top_k: StrictInt | None = Field(None, ge=0)
     top_p: Number | None = Field(None, gt=0, le=1)
     seed: StrictInt | None = Field(None, ge=0, le=2**64 - 1)
+    prefix: list[str] | str | None = Field(None, description="What each translation starts with, one per "
+                                           "sentence (\"\": none), as translate --prefix.")
+    scores: Literal["words"] | None = Field(None, description="words: each output's words with their "
+                                            "probabilities, as translate --scores words.")
 
     @model_validator(mode="after")
     def _sampling_options(self) -> TranslateRequest:
@@ -130,7 +135,13 @@ class TranslateRequest(BaseModel):
             value = getattr(self, name)
             if value is not None and not math.isfinite(value):
                 raise ValueError(f"{name}: expected a finite number")
+        prefixes = self.prefixes()
+        if prefixes is not None and len(prefixes) != len(self.lines()):
+            raise ValueError(f"prefix: {len(prefixes)} prefixes for {len(self.lines())} sentences")
         return self
+
+    def prefixes(self) -> list[str] | None:
+        return [self.prefix] if isinstance(self.prefix, str) else self.prefix
 
     def sampling_settings(self) -> Sampling | None:
         """``attnmt translate --sampling``'s defaults for the options not given; None without sampling."""
@@ -153,7 +164,7 @@ class AttentionRequest(BaseModel):
 
 
 def settings_for(translator: Translator, beam_size: int | None, nbest: int, length_penalty: float | None,
-                 sampling: Sampling | None) -> Settings:
+                 sampling: Sampling | None, words: bool = False) -> Settings:
     """The request's settings over the model's decode defaults, checked as ``attnmt translate`` checks
     them (``DecodeOverrides``, the fields named as the request names them)."""
     overrides = DecodeOverrides(beam_size, nbest, length_penalty, sampling=sampling, spelling="api")
@@ -161,7 +172,7 @@ def settings_for(translator: Translator, beam_size: int | None, nbest: int, leng
         decode = overrides.apply(translator.decode, translator.tokenizer.tgt_vocab_size)
     except ConfigError as e:
         raise Refused(str(e)) from None
-    return Settings(decode.beam_size, decode.nbest, float(decode.length_penalty), sampling)
+    return Settings(decode.beam_size, decode.nbest, float(decode.length_penalty), sampling, words)
 
 
 def variant_maker(translator: Translator) -> Callable[[Settings], Translator]:
@@ -203,8 +214,14 @@ def access_line(request: Request, status: int, started: float) -> str:
 
 
 def outputs(result: Translation) -> dict:
-    return {"outputs": [{"text": text, "score": score if math.isfinite(score) else None}
-                        for text, score in result.outputs], "truncated": result.truncated}
+    """One sentence's answer: its outputs with their scores (and words, when asked), and whether its source
+    was cut."""
+    found = [{"text": text, "score": score if math.isfinite(score) else None}
+             for text, score in result.outputs]
+    if result.words is not None:
+        for output, words in zip(found, result.words):
+            output.update(words.as_json())
+    return {"outputs": found, "truncated": result.truncated}
 
 
 def page_html() -> str:

@@ -112,9 +112,10 @@ def _add_routes(app: FastAPI, served: Served, batcher: Batcher, page: str) -> No
         lines = body.lines()
         _check_size(served, lines)
         draw = body.sampling_settings()
-        settings = settings_for(translator, body.beam_size, body.nbest, body.length_penalty, draw)
+        settings = settings_for(translator, body.beam_size, body.nbest, body.length_penalty, draw,
+                                body.scores == "words")
         request.state.sentences, request.state.tokens = len(lines), batcher.measure(lines)
-        found = await asyncio.wrap_future(batcher.submit(lines, settings))
+        found = await asyncio.wrap_future(batcher.submit(lines, settings, body.prefixes()))
         return {"translations": [outputs(result) for result in found]}
 
     @app.post("/attention", summary="Translate one sentence; its attention and word alignment.")

@@ -113,6 +113,27 @@ def test_translate_answers_as_the_command_does(server, model):
         [line.split("\t")[2] for line in cli.stdout.splitlines()]
 
 
+def test_prefixes_and_word_scores_are_translates(server, model, tmp_path):
+    """``prefix`` and ``"scores": "words"`` answer what ``translate --prefix`` and ``--scores words`` print,
+    batched with other requests or not; a prefix list of another length is a 422."""
+    prefixes = ["", "22", ""]
+    src, given = tmp_path / "s.txt", tmp_path / "p.txt"
+    given.write_text("".join(p + "\n" for p in prefixes), encoding="utf-8")
+    src.write_text("".join(line + "\n" for line in LINES[:3]), encoding="utf-8")
+    cli = run_attnmt("translate", str(model), "-i", str(src), "--prefix", str(given),
+                     "--scores", "words").stdout.splitlines()
+    answer = server.client.post("/translate", json={"text": LINES[:3], "prefix": prefixes, "scores": "words"})
+    assert answer.status_code == 200, answer.text
+    served = answer.json()["translations"]
+    for translation in served:  # the CLI prints scores to 6 decimals, the server in full
+        for output in translation["outputs"]:
+            output["score"] = round(output["score"], 6)
+    assert served == [json.loads(line) for line in cli]
+    assert answer.json()["translations"][1]["outputs"][0]["text"].startswith("22")
+    bad = server.client.post("/translate", json={"text": LINES[:2], "prefix": ["a"]})
+    assert bad.status_code == 422 and bad.json() == {"error": "prefix: 1 prefixes for 2 sentences"}
+
+
 def test_health_info_and_docs(server):
     assert server.client.get("/health").json() == {"status": "ok", "pending": 0}
     info = server.client.get("/info").json()
