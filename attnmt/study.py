@@ -241,29 +241,48 @@ def machine() -> dict[str, Any]:
     return found
 
 
-def train_child(config_file: Path, log: Path, name: str) -> tuple[int, float]:
+class Signals:
+    """SIGINT and SIGTERM while a variant is set up and trained: recorded, and passed on to its training
+    child once there is one (``child``). Installed before the variant's run folder appears, so that a
+    signal at any moment stops the study with its own message and exit code, and never leaves a child
+    training on its own."""
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+        self.child: subprocess.Popen | None = None
+
+    def __enter__(self) -> Signals:
+        def forward(signum: int, frame: Any) -> None:
+            self.received.append(signum)
+            if self.child is not None:
+                self.child.send_signal(signum)
+
+        self._previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+
+    def check(self, name: str) -> None:
+        if self.received:
+            raise StudyInterrupted(self.received[0], name)
+
+
+def train_child(config_file: Path, log: Path, name: str, signals: Signals) -> tuple[int, float]:
     """``attnmt train`` on the variant's config in a child process, its output into ``log``: (exit code,
-    peak resident memory in MiB). SIGINT and SIGTERM are passed on; the child saves and stops, then
-    StudyInterrupted."""
+    peak resident memory in MiB). SIGINT and SIGTERM (``signals``) are passed on; the child saves and
+    stops, then StudyInterrupted."""
     log.parent.mkdir(parents=True, exist_ok=True)
-    received: list[int] = []
     with open(log, "ab") as out:
         child = subprocess.Popen([sys.executable, "-m", "attnmt", "train", str(config_file)], stdout=out,
                                  stderr=subprocess.STDOUT, start_new_session=True)
-
-        def forward(signum: int, frame: Any) -> None:
-            received.append(signum)
-            child.send_signal(signum)
-
-        previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            _, status, usage = os.wait4(child.pid, 0)
-        finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
+        signals.child = child
+        if signals.received:  # arrived while the child was being started
+            child.send_signal(signals.received[0])
+        _, status, usage = os.wait4(child.pid, 0)
         child.returncode = os.waitstatus_to_exitcode(status)
-    if received:
-        raise StudyInterrupted(received[0], name)
+    signals.check(name)
     return child.returncode, usage.ru_maxrss / 1024
 
 
@@ -282,12 +301,14 @@ def train_variant(study: Study, name: str) -> float:
     config_file = study.config_file(name)
     config_file.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(config_file, json.dumps(data, indent=1, ensure_ascii=False) + "\n")
-    if not run.root.exists():
-        tmp = run.root.with_name(f".{name}.tmp-{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(study.prepared.root, tmp, ignore=shutil.ignore_patterns(".lock"))
-        os.replace(tmp, run.root)
-    code, peak = train_child(config_file, study.log(name), name)
+    with Signals() as signals:
+        if not run.root.exists():
+            tmp = run.root.with_name(f".{name}.tmp-{os.getpid()}")
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.copytree(study.prepared.root, tmp, ignore=shutil.ignore_patterns(".lock"))
+            os.replace(tmp, run.root)
+        signals.check(name)
+        code, peak = train_child(config_file, study.log(name), name, signals)
     if code != 0:
         error = AttnmtError(f"--variants {name}: training failed (exit {code}): "
                             f"{last_error(study.log(name)).removeprefix('error: ')} (log: {study.log(name)})")
