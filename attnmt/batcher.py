@@ -189,9 +189,7 @@ class Batcher:
         settings = live[0].settings
 
         def translate() -> list[list[Translation]]:
-            variant = self.variant(settings)
-            found = (variant.translate(lines) if prefixes is None and not settings.words
-                     else variant.translate(lines, prefixes, words=settings.words))
+            found = self.variant(settings).translate(lines, prefixes, words=settings.words)
             out, start = [], 0
             for job in live:
                 out.append(found[start:start + len(job.lines)])

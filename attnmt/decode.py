@@ -78,9 +78,8 @@ def force_prefix(logp: torch.Tensor, prefix: torch.Tensor | None, rows: torch.Te
     on = forced != PAD_ID  # (N,)
     if not bool(on.any()):
         return logp
-    kept = logp.gather(1, forced[:, None])  # (N, 1)
-    out = logp.masked_fill(on[:, None], torch.finfo(logp.dtype).min)
-    return out.scatter(1, forced[:, None], torch.where(on[:, None], kept, out.gather(1, forced[:, None])))
+    kept = logp.gather(1, forced[:, None])  # (N, 1); a row left alone gets its own value back
+    return logp.masked_fill(on[:, None], torch.finfo(logp.dtype).min).scatter(1, forced[:, None], kept)
 
 
 def prefix_limits(limits: torch.Tensor, prefix: torch.Tensor | None) -> torch.Tensor:
@@ -235,8 +234,7 @@ def beam_search(
     check_search_settings(beam_size, nbest, length_penalty, min_len)
     if src.size(0) == 0:
         return []
-    search = _BeamSearch(model, src_mask, beam_size, nbest, length_penalty, need_attention)
-    search.prefix = prefix
+    search = _BeamSearch(model, src_mask, beam_size, nbest, length_penalty, need_attention, prefix)
     limits = prefix_limits(max_output_lengths(src_mask, max_len_a, max_len_b), prefix)
     return search.run(model.encode(src, src_mask), limits, min_len)
 
@@ -265,7 +263,7 @@ class _BeamSearch:
     ``scores``, ``history`` and attention) and what has finished (``finished``, best K per sentence)."""
 
     def __init__(self, model: TranslationModel, src_mask: torch.Tensor, beam_size: int, nbest: int,
-                 length_penalty: float, need_attention: bool) -> None:
+                 length_penalty: float, need_attention: bool, prefix: torch.Tensor | None = None) -> None:
         self.model, self.K, self.nbest, self.alpha = model, beam_size, nbest, length_penalty
         self.need_attention, self.device = need_attention, src_mask.device
         B = src_mask.size(0)
@@ -278,7 +276,7 @@ class _BeamSearch:
         # normalized score a new hypothesis must beat to be kept (K kept already)
         self.floor = [-math.inf] * B
         self.inserted = 0
-        self.prefix: torch.Tensor | None = None  # (B, P) pieces every hypothesis starts with
+        self.prefix = prefix  # (B, P) pieces every hypothesis starts with, PAD after a shorter one
 
     def run(self, state: Any, limits: torch.Tensor, min_len: int) -> list[list[Hypothesis]]:
         B, K = limits.numel(), self.K
@@ -292,8 +290,8 @@ class _BeamSearch:
                 logits, state, attn = self._copy_first_step(logits, state, attn)
             if K > logits.size(-1):
                 raise ValueError(f"beam_size ({K}) must not exceed the vocabulary size ({logits.size(-1)})")
-            logp = _log_probs(logits, t, limits[self.active].repeat_interleave(K), min_len)  # (N, V)
-            logp = force_prefix(logp, self.prefix, self.active.repeat_interleave(K), t)
+            rows = self.active.repeat_interleave(K)  # (N,) the sentence of each row
+            logp = force_prefix(_log_probs(logits, t, limits[rows], min_len), self.prefix, rows, t)  # (N, V)
             candidates = self._candidates(logp, attn)
             self._keep_finished(candidates, t, attn)
             keep = self._still_searching(candidates.live_scores, lp_max)  # (b,)

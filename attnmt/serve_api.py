@@ -38,7 +38,7 @@ from starlette.requests import Request
 from .batcher import Settings
 from .decode import Sampling
 from .errors import ConfigError
-from .translator import DecodeOverrides, Translation, Translator
+from .translator import DecodeOverrides, Translator
 
 
 @dataclass(frozen=True)
@@ -211,17 +211,6 @@ def access_line(request: Request, status: int, started: float) -> str:
                        "method": request.method, "path": request.url.path, "status": status,
                        "ms": round((time.perf_counter() - started) * 1000, 2),
                        "sentences": getattr(state, "sentences", 0), "tokens": getattr(state, "tokens", 0)})
-
-
-def outputs(result: Translation) -> dict:
-    """One sentence's answer: its outputs with their scores (and words, when asked), and whether its source
-    was cut."""
-    found = [{"text": text, "score": score if math.isfinite(score) else None}
-             for text, score in result.outputs]
-    if result.words is not None:
-        for output, words in zip(found, result.words):
-            output.update(words.as_json())
-    return {"outputs": found, "truncated": result.truncated}
 
 
 def page_html() -> str:

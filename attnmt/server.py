@@ -31,7 +31,6 @@ from .serve_api import (
     TranslateRequest,
     access_line,
     one_line,
-    outputs,
     settings_for,
 )
 
@@ -116,7 +115,7 @@ def _add_routes(app: FastAPI, served: Served, batcher: Batcher, page: str) -> No
                                 body.scores == "words")
         request.state.sentences, request.state.tokens = len(lines), batcher.measure(lines)
         found = await asyncio.wrap_future(batcher.submit(lines, settings, body.prefixes()))
-        return {"translations": [outputs(result) for result in found]}
+        return {"translations": [result.as_json() for result in found]}
 
     @app.post("/attention", summary="Translate one sentence; its attention and word alignment.")
     async def attention(body: AttentionRequest, request: Request) -> JSONResponse:

@@ -12,6 +12,7 @@ source pieces x K rows), one choice between greedy and beam search.
 from __future__ import annotations
 
 import copy
+import math
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -37,6 +38,16 @@ class Translation:
     outputs: list[tuple[str, float]]
     truncated: bool = False  # the source was longer than max_src_len pieces and was cut
     words: list[WordScores] | None = None  # with ``translate(words=True)``: each output's word scores
+
+    def as_json(self, digits: int | None = None) -> dict:
+        """The server's answer for one sentence and ``translate --scores words``'s line: the outputs with
+        their scores (None where there is none, as a CTranslate2 export's single output; ``digits``: rounded)
+        and word scores, if any, and whether the source was cut."""
+        found = []
+        for k, (text, score) in enumerate(self.outputs):
+            value = (round(score, digits) if digits is not None else score) if math.isfinite(score) else None
+            found.append({"text": text, "score": value, **(self.words[k].as_json() if self.words else {})})
+        return {"outputs": found, "truncated": self.truncated}
 
 
 @dataclass
@@ -109,6 +120,12 @@ class Scored:
     @property
     def per_token(self) -> float:
         return self.logprob / self.tokens if self.tokens else 0.0
+
+    @classmethod
+    def of(cls, logprobs: Sequence[float], length_penalty: float) -> Scored:
+        """From the log-probability of each piece, EOS's included (``Translator.piece_logprobs``)."""
+        total, n = float(sum(logprobs)), len(logprobs)
+        return cls(total, n, total / gnmt_penalty(n, length_penalty))
 
 
 class Translator:
@@ -225,11 +242,11 @@ class Translator:
         if words:
             pairs = [(ids, h.tokens) for ids, hyps in zip(sources.ids, found) for h in hyps]
             logprobs = iter(self.piece_logprobs([s for s, _ in pairs], [t for _, t in pairs]))
-            for translation in out:
-                translation.words = [WordScores([], 1.0)] * len(translation.outputs)  # an empty line
             for i, hyps in zip(sources.lines, found):
                 out[i].words = [word_scores(self.tokenizer.tgt_pieces(h.tokens), next(logprobs))
                                 for h in hyps]
+            for translation in out:  # an empty line: no words, and it surely ends
+                translation.words = translation.words or [WordScores([], 1.0)]
         return out
 
     def translate_stream(self, lines: Iterable[str], chunk_lines: int = 1000,
@@ -255,11 +272,8 @@ class Translator:
         model's own distribution (what beam search sums for its hypotheses); sources are cleaned, encoded
         and cut to ``decode.max_src_len`` as ``translate`` does, targets cleaned and encoded whole."""
         src_ids, tgt_ids = self.encode_pairs(sources, targets)
-        out = []
-        for logprobs in self.piece_logprobs(src_ids, tgt_ids):
-            total, n = float(sum(logprobs)), len(logprobs)
-            out.append(Scored(total, n, total / gnmt_penalty(n, self.decode.length_penalty)))
-        return out
+        return [Scored.of(logprobs, self.decode.length_penalty)
+                for logprobs in self.piece_logprobs(src_ids, tgt_ids)]
 
     def encode_pairs(self, sources: Sequence[str], targets: Sequence[str]) -> tuple[list, list]:
         """Piece ids of given pairs: sources as ``translate`` reads them, targets cleaned, encoded whole."""

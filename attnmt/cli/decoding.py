@@ -104,7 +104,7 @@ def _write_translations(chunks, nbest: int, output: Path | None, progress: FileP
         for result in results:
             truncated += result.truncated
             if result.words is not None:
-                text.append(json.dumps(_with_words(result), ensure_ascii=False) + "\n")
+                text.append(json.dumps(result.as_json(digits=6), ensure_ascii=False) + "\n")
             elif nbest == 1:
                 text.append(result.outputs[0][0] + "\n")
             else:
@@ -124,7 +124,6 @@ def _write_translations(chunks, nbest: int, output: Path | None, progress: FileP
 def _scored_lines(translator, sources: list[str], targets: list[str], as_json: bool, words: bool,
                   progress: FileProgress) -> list[str]:
     """``score``'s lines: TSV, or JSON with ``--json`` (and the words' probabilities with ``--words``)."""
-    from ..decode import gnmt_penalty
     from ..translator import Scored
     from ..words import word_scores
 
@@ -132,10 +131,8 @@ def _scored_lines(translator, sources: list[str], targets: list[str], as_json: b
     for start in range(0, len(sources), CHUNK_LINES):
         src_ids, tgt_ids = translator.encode_pairs(sources[start:start + CHUNK_LINES],
                                                    targets[start:start + CHUNK_LINES])
-        alpha = translator.decode.length_penalty
         for ids, logprobs in zip(tgt_ids, translator.piece_logprobs(src_ids, tgt_ids)):
-            total, n = float(sum(logprobs)), len(logprobs)
-            s = Scored(total, n, total / gnmt_penalty(n, alpha))
+            s = Scored.of(logprobs, translator.decode.length_penalty)
             record = {"logprob": round(s.logprob, 6), "tokens": s.tokens, "per_token": round(s.per_token, 6),
                       "normalized": round(s.normalized, 6)}
             if words:
@@ -144,13 +141,6 @@ def _scored_lines(translator, sources: list[str], targets: list[str], as_json: b
                          f"{s.logprob:.6f}\t{s.tokens}\t{s.per_token:.6f}\t{s.normalized:.6f}")
         progress.advance(len(src_ids))
     return lines
-
-
-def _with_words(result) -> dict:
-    """``translate --scores words``'s line: the outputs with their scores and word probabilities."""
-    return {"outputs": [{"text": text, "score": round(score, 6), **words.as_json()}
-                        for (text, score), words in zip(result.outputs, result.words)],
-            "truncated": result.truncated}
 
 
 def _prefixed(lines, path: Path, count: int | None) -> tuple[Iterable[str], list[str]]:
