@@ -582,3 +582,9 @@ def test_translate_scores_words_agree_with_score_words(run, tmp_path):
     expected = [w["prob"] for w in first["words"]]
     assert [w["prob"] for w in record["words"]] == pytest.approx(expected, abs=1e-5)
     assert record["logprob"] == pytest.approx(first["score"], abs=1e-4)
+
+
+def test_prefixes_and_input_cannot_both_come_from_stdin(run):
+    result = CliRunner().invoke(app, ["translate", str(run), "-i", "-", "--prefix", "-"], input="a\nb\n")
+    assert result.exit_code == 2
+    assert "--prefix - and the input would both read stdin" in assert_one_error_line(result.stderr)

@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from ..choices import BleuTokenizer, Scores
-from ..errors import DataError
+from ..errors import ConfigError, DataError
 from .app import command
 from .common import FileProgress, open_translator, sentences_or_input
 from .contract import Output
@@ -79,6 +79,8 @@ def translate(
     total = count_lines(input_) if input_ is not None else 0  # None for a pipe: progress without a total
     lines = sentences_or_input(sentences, input_)
     prefixes = None
+    if prefix is not None and str(prefix) == "-" and not sentences and (input_ is None or str(input_) == "-"):
+        raise ConfigError("--prefix - and the input would both read stdin: give one of them as a file")
     if prefix is not None:
         lines, prefixes = _prefixed(lines, prefix, len(sentences) if sentences else total if input_ else None)
     overrides = DecodeOverrides(beam_size, nbest, length_penalty, max_tokens, draw)
