@@ -317,7 +317,8 @@ class Ct2Translator(Translator):
                 for result in results]
 
     def search(self, src_ids: Sequence[Sequence[int]], need_attention: bool = False,
-               prefixes: Sequence[Sequence[int]] | None = None) -> list[list[Hypothesis]]:
+               prefixes: Sequence[Sequence[int]] | None = None,
+               constraints: Sequence[Sequence[Sequence[int]]] | None = None) -> list[list[Hypothesis]]:
         """Hypotheses for encoded sources, batched as ``Translator.search`` batches (sorted by length, one
         token budget); ``prefixes`` go to CTranslate2 as ``target_prefix``.
 
@@ -330,6 +331,9 @@ class Ct2Translator(Translator):
         one of them is redone with them suppressed."""
         if need_attention:
             raise ConfigError("attention maps need the checkpoint: CTranslate2 exports translate only")
+        if constraints is not None and any(constraints):
+            raise ConfigError(f"{self.folder} is a CTranslate2 export, and CTranslate2 has no lexical "
+                              "constraints: translate with the checkpoint (model.pt)")
         d = self.decode
         n = d.nbest if self.sampling else 1
         rows = 1 if self.sampling else d.beam_size

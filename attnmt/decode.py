@@ -244,6 +244,10 @@ class _Finished:
     normalized: float  # score / length_penalty: the ranking key
     order: int  # insertion order: an equal later hypothesis ranks after an earlier one
     hyp: Hypothesis
+    unmet: int = 0  # lexical constraints it lacks (``constrained.py``): fewer rank first, whatever the score
+
+    def rank(self) -> tuple[int, float, int]:
+        return self.unmet, -self.normalized, self.order
 
 
 @dataclass
@@ -290,8 +294,7 @@ class _BeamSearch:
                 logits, state, attn = self._copy_first_step(logits, state, attn)
             if K > logits.size(-1):
                 raise ValueError(f"beam_size ({K}) must not exceed the vocabulary size ({logits.size(-1)})")
-            rows = self.active.repeat_interleave(K)  # (N,) the sentence of each row
-            logp = force_prefix(_log_probs(logits, t, limits[rows], min_len), self.prefix, rows, t)  # (N, V)
+            logp = self._log_probs(logits, t, limits, min_len)  # (N, V)
             candidates = self._candidates(logp, attn)
             self._keep_finished(candidates, t, attn)
             keep = self._still_searching(candidates.live_scores, lp_max)  # (b,)
@@ -303,8 +306,14 @@ class _BeamSearch:
             state = self.model.select(state, index, inplace=True)
             tokens = self._advance(candidates, keep, index, attn)
             t += 1
-        ranked = [sorted(f, key=lambda f: (-f.normalized, f.order))[: self.nbest] for f in self.finished]
+        ranked = [sorted(f, key=_Finished.rank)[: self.nbest] for f in self.finished]
         return [[f.hyp for f in kept] for kept in ranked]
+
+    def _log_probs(self, logits: torch.Tensor, t: int, limits: torch.Tensor, min_len: int) -> torch.Tensor:
+        """Step t's log-probabilities (N, V) of every row's next piece, with the bans of ``_log_probs`` and
+        the pieces the prefix forces."""
+        rows = self.active.repeat_interleave(self.K)  # (N,) the sentence of each row
+        return force_prefix(_log_probs(logits, t, limits[rows], min_len), self.prefix, rows, t)
 
     def _copy_first_step(self, logits: torch.Tensor, state: Any, attn: torch.Tensor | None):
         """Every beam starts from the same BOS: one row per sentence went through the model, and now
@@ -314,9 +323,9 @@ class _BeamSearch:
         logits, state = logits.index_select(0, copies), self.model.select(state, copies, inplace=True)
         return logits, state, (attn.index_select(0, copies) if self.need_attention else None)
 
-    def _candidates(self, logp: torch.Tensor, attn: torch.Tensor | None) -> _Candidates:
-        """Score every extension of every live row and keep each sentence's 2K best (logp is consumed)."""
-        b, K, V = self.active.numel(), self.K, logp.size(-1)
+    def _extensions(self, logp: torch.Tensor, attn: torch.Tensor | None) -> torch.Tensor:
+        """(b, K*V) the score of every extension of every row, sentence by sentence (logp is consumed)."""
+        b, K = self.active.numel(), self.K
         dtype, lowest = logp.dtype, torch.finfo(logp.dtype).min
         if self.scores is None:
             if self.need_attention:
@@ -327,7 +336,12 @@ class _BeamSearch:
             self.scores = scores.view(-1)
         # Clamp: lowest + lowest would be -inf; a banned or dead candidate stays exactly `lowest`.
         # In place: logp is this step's own tensor, and (N, V) is the largest thing the search makes.
-        cand = logp.add_(self.scores[:, None]).clamp_(min=lowest).view(b, K * V)  # (b, K*V)
+        return logp.add_(self.scores[:, None]).clamp_(min=lowest).view(b, -1)  # (b, K*V)
+
+    def _candidates(self, logp: torch.Tensor, attn: torch.Tensor | None) -> _Candidates:
+        """Score every extension of every live row and keep each sentence's 2K best (logp is consumed)."""
+        b, K, V = self.active.numel(), self.K, logp.size(-1)
+        cand = self._extensions(logp, attn)  # (b, K*V)
         top_scores, top_index = cand.topk(2 * K, dim=1)  # (b, 2K), best first
         top_beam, top_token = top_index // V, top_index % V  # (b, 2K)
         is_eos = top_token == EOS_ID
@@ -353,13 +367,18 @@ class _BeamSearch:
             sentence, row = sentences[i], i * K + int(c.top_beam[i, j])
             attention = torch.cat([self.attn_history[row], attn[row][None]]) if self.need_attention else None
             hyp = Hypothesis(self.history[row].tolist(), float(c.top_scores[i, j]), attention)
-            self.finished[sentence].append(_Finished(float(normalized[i, j]), self.inserted, hyp))
+            self.finished[sentence].append(_Finished(float(normalized[i, j]), self.inserted, hyp,
+                                                     self._unmet(row)))
             self.inserted += 1
         for sentence in set(self.active[new_done.any(1)].tolist()):
-            kept = sorted(self.finished[sentence], key=lambda f: (-f.normalized, f.order))[:K]
+            kept = sorted(self.finished[sentence], key=_Finished.rank)[:K]
             self.finished[sentence] = kept
             if len(kept) == K:
                 self.floor[sentence] = kept[-1].normalized
+
+    def _unmet(self, row: int) -> int:
+        """How many lexical constraints the hypothesis of ``row`` lacks (none here)."""
+        return 0
 
     def _still_searching(self, live_scores: torch.Tensor, lp_max: list[float]) -> torch.Tensor:
         """(b,) bool: False for a sentence with nothing live, or whose nbest-th kept hypothesis no live

@@ -26,6 +26,14 @@ class DataError(AttnmtError):
     exit_code = 3
 
 
+class ConstraintError(DataError):
+    """A line's lexical constraints that no search can meet; ``line`` is 1-based."""
+
+    def __init__(self, line: int, reason: str) -> None:
+        super().__init__(f"line {line}: {reason}")
+        self.line, self.reason = line, reason
+
+
 class CheckpointError(AttnmtError):
     """A checkpoint, model or tokenizer that is corrupt, unsafe or does not match."""
 

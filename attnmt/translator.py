@@ -22,11 +22,12 @@ import torch
 
 from .batching import collate, token_batches
 from .config import DecodeConfig
+from .constrained import Constraints, constrained_search
 from .data import clean
 from .decode import Hypothesis, Sampling, beam_search, check_search_settings, gnmt_penalty, greedy_search
-from .errors import ConfigError
+from .errors import ConfigError, ConstraintError
 from .models.protocol import TranslationModel
-from .tokenizer import PAD_ID, Tokenizer
+from .tokenizer import PAD_ID, UNK_ID, Tokenizer
 from .words import WordScores, word_scores
 
 
@@ -173,10 +174,15 @@ class Translator:
         return Sources([ids[:limit] for ids in encoded], todo, truncated, len(texts))
 
     def search(self, src_ids: Sequence[Sequence[int]], need_attention: bool = False,
-               prefixes: Sequence[Sequence[int]] | None = None) -> list[list[Hypothesis]]:
+               prefixes: Sequence[Sequence[int]] | None = None,
+               constraints: Sequence[Sequence[Sequence[int]]] | None = None) -> list[list[Hypothesis]]:
         """Hypotheses for already encoded sources (in their order), batched by length; ``prefixes``: the
-        target pieces each source's outputs start with (``decode.force_prefix``), one list per source."""
+        target pieces each source's outputs start with (``decode.force_prefix``), one list per source;
+        ``constraints``: the phrases (target pieces) each source's outputs must hold, a list per source
+        (``constrained.constrained_search``, whatever the beam size; not with sampling)."""
         d = self.decode
+        if constraints is not None and self.sampling is not None and any(constraints):
+            raise ConfigError("lexical constraints need a search: they do not go with sampling")
         order = sorted(range(len(src_ids)), key=lambda i: len(src_ids[i]))
         lengths = [len(ids) + 1 for ids in src_ids]  # + EOS
         results: list[list[Hypothesis]] = [[] for _ in src_ids]
@@ -194,7 +200,12 @@ class Translator:
         for chunk in token_batches(lengths, order, d.max_tokens, rows_per_example=d.beam_size):
             batch = collate([src_ids[i] for i in chunk]).to(self.device)
             prefix = self._prefix(prefixes, chunk)
-            if d.beam_size == 1 and d.nbest == 1:
+            if constraints is not None and any(constraints[i] for i in chunk):
+                found = constrained_search(self.model, batch.src, batch.src_mask,
+                                           [Constraints(constraints[i]) for i in chunk], d.beam_size, d.nbest,
+                                           d.length_penalty, d.max_len_a, d.max_len_b, d.min_len,
+                                           need_attention, prefix)
+            elif d.beam_size == 1 and d.nbest == 1:
                 found = [[h] for h in greedy_search(self.model, batch.src, batch.src_mask, d.max_len_a,
                                                     d.max_len_b, d.min_len, need_attention, prefix=prefix)]
             else:
@@ -225,15 +236,45 @@ class Translator:
         pieces = iter(encoded)
         return [next(pieces) if text else [] for text in texts]
 
+    def encode_constraints(self, sources: Sources,
+                           constraints: Sequence[Sequence[str]]) -> list[list[list[int]]]:
+        """The target pieces of each phrase of each non-empty source's constraints (cleaned as targets are;
+        an empty phrase is none), in ``sources``' order. ConstraintError, naming the input line, for a phrase
+        with a piece the target vocabulary lacks, or phrases that take more pieces than the line's length
+        limit (``decode.max_output_lengths``) allows."""
+        if len(constraints) != sources.count:
+            raise ValueError(f"{len(constraints)} constraint lists for {sources.count} lines")
+        d, out = self.decode, []
+        for i, ids in zip(sources.lines, sources.ids):
+            texts = [t for t in (clean(p) for p in constraints[i]) if t]
+            phrases = self.tokenizer.encode_tgt(texts) if texts else []
+            for text, pieces in zip(texts, phrases):
+                if UNK_ID in pieces:
+                    raise ConstraintError(i + 1, f"the phrase {text!r} has a piece the model's target "
+                                          "vocabulary lacks (it would come out as an unknown piece)")
+            limit = max(math.floor(len(ids) * d.max_len_a + d.max_len_b), 1)
+            need = sum(len(p) for p in phrases)
+            if need > limit:
+                raise ConstraintError(i + 1, f"the phrases take {need} target pieces, more than the line's "
+                                      f"length limit of {limit} (decode.max_len_a {d.max_len_a} x {len(ids)} "
+                                      f"source pieces + decode.max_len_b {d.max_len_b})")
+            out.append(phrases)
+        return out
+
     def translate(self, lines: Sequence[str], prefixes: Sequence[str] | None = None,
-                  words: bool = False) -> list[Translation]:
+                  words: bool = False,
+                  constraints: Sequence[Sequence[str]] | None = None) -> list[Translation]:
         """One ``Translation`` per line; ``prefixes`` (one per line, may be empty): the text each line's
         translations start with, the search going on from there (an empty source still gives "");
-        ``words``: each output's words with their probabilities too (``words.word_scores``)."""
+        ``words``: each output's words with their probabilities too (``words.word_scores``);
+        ``constraints`` (a list of phrases per line, may be empty): text each translation must hold
+        (``encode_constraints``, ``constrained.py``)."""
         sources = self.encode(lines)
         out = [Translation([("", 0.0)]) for _ in range(sources.count)]
         found = self.search(sources.ids, prefixes=(self.encode_prefixes(sources, prefixes)
-                                                   if prefixes is not None else None))
+                                                   if prefixes is not None else None),
+                            constraints=(self.encode_constraints(sources, constraints)
+                                         if constraints is not None else None))
         # One call detokenises everything: sentencepiece's batch decoding costs per call, not per piece.
         decoded = iter(self.tokenizer.decode_tgt([h.tokens for hyps in found for h in hyps]))
         for i, hyps in zip(sources.lines, found):
@@ -250,17 +291,22 @@ class Translator:
         return out
 
     def translate_stream(self, lines: Iterable[str], chunk_lines: int = 1000,
-                         prefixes: Sequence[str] | None = None,
-                         words: bool = False) -> Iterator[list[Translation]]:
+                         prefixes: Sequence[str] | None = None, words: bool = False,
+                         constraints: Sequence[Sequence[str]] | None = None) -> Iterator[list[Translation]]:
         """``translate`` over a stream: each chunk is the lines that have arrived (at least one, at most
         ``chunk_lines``; ``arrived``), and its translations come out, in order, as soon as it is done. A
         user or a pipe that sends one line and waits gets its answer; a file still goes in full chunks,
-        and needs memory for about two of them. ``prefixes`` (one per line, in order) and ``words``: as
-        ``translate``'s."""
+        and needs memory for about two of them. ``prefixes`` and ``constraints`` (one per line, in order)
+        and ``words``: as ``translate``'s; a ConstraintError names its line in
+        ``lines``."""
         done = 0
         for chunk in arrived(lines, chunk_lines):
-            yield self.translate(chunk, prefixes[done:done + len(chunk)] if prefixes is not None else None,
-                                 words)
+            part = slice(done, done + len(chunk))
+            try:
+                yield self.translate(chunk, prefixes[part] if prefixes is not None else None, words,
+                                     constraints[part] if constraints is not None else None)
+            except ConstraintError as e:
+                raise ConstraintError(e.line + done, e.reason) from None
             done += len(chunk)
 
     def best(self, lines: Sequence[str]) -> list[str]:

@@ -587,4 +587,67 @@ def test_translate_scores_words_agree_with_score_words(run, tmp_path):
 def test_prefixes_and_input_cannot_both_come_from_stdin(run):
     result = CliRunner().invoke(app, ["translate", str(run), "-i", "-", "--prefix", "-"], input="a\nb\n")
     assert result.exit_code == 2
-    assert "--prefix - and the input would both read stdin" in assert_one_error_line(result.stderr)
+    assert "the input and --prefix - would both read stdin" in assert_one_error_line(result.stderr)
+
+
+# ------------------------------------------------------------------------------------- --constraints
+
+
+def test_translate_constraints_from_a_file(run, tmp_path):
+    src, phrases = tmp_path / "src.txt", tmp_path / "constraints.txt"
+    src.write_text("may 22nd 2040\nnovember 19th 1982\n1982\n", encoding="utf-8")
+    phrases.write_text("1983\n\n2041\t07\n", encoding="utf-8")
+    result = CliRunner().invoke(app, ["translate", str(run), "-i", str(src), "--constraints", str(phrases),
+                                      "--beam-size", "4", "--nbest", "2"])
+    assert result.exit_code == 0, result.output
+    rows = [line.split("\t") for line in result.stdout.splitlines()]
+    assert [int(r[0]) for r in rows] == [0, 0, 1, 1, 2, 2]
+    assert all("1983" in r[2] for r in rows[:2])
+    assert all("2041" in r[2] and "07" in r[2] for r in rows[4:])
+    free = CliRunner().invoke(app, ["translate", str(run), "november 19th 1982", "--beam-size", "4",
+                                    "--nbest", "2"])
+    assert [r[2] for r in rows[2:4]] == [line.split("\t")[2] for line in free.stdout.splitlines()]
+
+
+@pytest.mark.parametrize("how", ["file", "arguments"])
+def test_a_constraints_file_of_another_line_count_is_refused(run, tmp_path, how):
+    phrases = tmp_path / "constraints.txt"
+    phrases.write_text("22\n\n", encoding="utf-8")
+    args = ["translate", str(run), "--constraints", str(phrases)]
+    if how == "file":
+        (tmp_path / "src.txt").write_text("a\nb\nc\n", encoding="utf-8")
+        args += ["-i", str(tmp_path / "src.txt"), "-o", str(tmp_path / "out.txt")]
+    else:
+        args += ["may 22nd 2040"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 3
+    assert f"--constraints {phrases} has 2 lines, but the input has" in assert_one_error_line(result.stderr)
+    assert not (tmp_path / "out.txt").exists()
+
+
+def test_phrases_longer_than_the_length_limit_are_refused_with_their_line(run, tmp_path):
+    src, phrases, out = tmp_path / "src.txt", tmp_path / "constraints.txt", tmp_path / "out.txt"
+    src.write_text("may 22nd 2040\n1982\n", encoding="utf-8")
+    phrases.write_text("22\n" + "\t".join(str(n) for n in range(60)) + "\n", encoding="utf-8")
+    out.write_text("kept\n", encoding="utf-8")
+    result = CliRunner().invoke(app, ["translate", str(run), "-i", str(src), "--constraints", str(phrases),
+                                      "-o", str(out)])
+    assert result.exit_code == 3
+    line = assert_one_error_line(result.stderr)
+    assert line.startswith(f"error: --constraints {phrases} line 2: the phrases take ")
+    assert "more than the line's length limit" in line
+    assert out.read_text(encoding="utf-8") == "kept\n"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--sampling"], "--constraints needs a search: it cannot be used with --sampling"),
+    (["--prefix", "-"], "--prefix - and --constraints - would both read stdin"),
+    (["-i", "-"], "the input and --constraints - would both read stdin"),
+])
+def test_constraints_refuse_sampling_and_a_second_reader_of_stdin(run, args, message):
+    constraints = "-" if "-" in args else __file__
+    sentence = [] if "-i" in args else ["1982"]
+    result = CliRunner().invoke(app, ["translate", str(run), *sentence, "--constraints", constraints, *args],
+                                input="a\n")
+    assert result.exit_code == 2
+    assert message in assert_one_error_line(result.stderr)

@@ -379,6 +379,9 @@ def test_exported_folders_where_a_checkpoint_is_needed(ckpt, exported, tmp_path)
     assert code == 4 and "CTranslate2 export" in line
     code, line = run_cli("translate", exported, "monday", "--sampling", "--beam-size", "5")
     assert code == 2 and "--sampling" in line
+    (tmp_path / "phrases.txt").write_text("juni\n", encoding="utf-8")
+    code, line = run_cli("translate", exported, "monday", "--constraints", tmp_path / "phrases.txt")
+    assert code == 2 and "CTranslate2 has no lexical constraints" in line
 
 
 def test_library_errors_name_the_folder(exported, tmp_path):

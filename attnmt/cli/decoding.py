@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from ..choices import BleuTokenizer, Scores
-from ..errors import ConfigError, DataError
+from ..errors import ConfigError, ConstraintError, DataError
 from .app import command
 from .common import FileProgress, open_translator, sentences_or_input
 from .contract import Output
@@ -30,7 +30,7 @@ from .options import (
 CHUNK_LINES = 1000
 
 
-@command(inputs=("model", "input_", "ensemble", "prefix"), outputs={"output": Output()})
+@command(inputs=("model", "input_", "ensemble", "prefix", "constraints"), outputs={"output": Output()})
 def translate(
     model: ModelArg,
     sentences: SentencesArg = None,
@@ -66,6 +66,10 @@ def translate(
                                                 "empty line: none): each translation starts with its "
                                                 "line's prefix and goes on from there.",
                                                 show_default=False)] = None,
+    constraints: Annotated[Path | None, typer.Option("--constraints", help="Phrases each translation must "
+                                                     "hold, one input line's per line, tab-separated (an "
+                                                     "empty line: none); beam search makes room for them.",
+                                                     show_default=False)] = None,
     device: DeviceOpt = "auto",
 ) -> None:
     """Translate sentences, a file or stdin; one output line per input line, in input order.
@@ -76,18 +80,21 @@ def translate(
     from ..translator import DecodeOverrides
 
     draw = _sampling(sampling, beam_size, temperature, top_k, top_p, seed)
+    if draw is not None and constraints is not None:
+        raise ConfigError("--constraints needs a search: it cannot be used with --sampling")
     total = count_lines(input_) if input_ is not None else 0  # None for a pipe: progress without a total
     lines = sentences_or_input(sentences, input_)
-    prefixes = None
-    if prefix is not None and str(prefix) == "-" and not sentences and (input_ is None or str(input_) == "-"):
-        raise ConfigError("--prefix - and the input would both read stdin: give one of them as a file")
-    if prefix is not None:
-        lines, prefixes = _prefixed(lines, prefix, len(sentences) if sentences else total if input_ else None)
+    count = len(sentences) if sentences else total if input_ else None
+    lines, prefixes, phrases = _controls(lines, count, prefix, constraints,
+                                         stdin_input=not sentences and (input_ is None or str(input_) == "-"))
     overrides = DecodeOverrides(beam_size, nbest, length_penalty, max_tokens, draw)
     translator, _, _ = open_translator(model, device, overrides, ensemble=ensemble)
     with FileProgress(total, "translating", show=input_ is not None and str(input_) != "-") as progress:
-        chunks = translator.translate_stream(lines, CHUNK_LINES, prefixes, words=scores is not None)
-        truncated = _write_translations(chunks, nbest, output, progress)
+        chunks = translator.translate_stream(lines, CHUNK_LINES, prefixes, scores is not None, phrases)
+        try:
+            truncated = _write_translations(chunks, nbest, output, progress)
+        except ConstraintError as e:
+            raise DataError(f"--constraints {constraints} {e}") from None
     if truncated:
         sys.stderr.write(f"warning: {truncated} line(s) "
                          "longer than decode.max_src_len pieces were truncated\n")
@@ -145,15 +152,37 @@ def _scored_lines(translator, sources: list[str], targets: list[str], as_json: b
     return lines
 
 
-def _prefixed(lines, path: Path, count: int | None) -> tuple[Iterable[str], list[str]]:
-    """``translate --prefix``: the prefixes, and the input lines checked to be as many (DataError, before
-    any work when the input's lines are counted ahead; for a pipe, as soon as it runs out)."""
+def _controls(lines: Iterable[str], count: int | None, prefix: Path | None, constraints: Path | None,
+              stdin_input: bool) -> tuple[Iterable[str], list[str] | None, list[list[str]] | None]:
+    """``translate --prefix`` and ``--constraints``: the input lines (checked against both files' line
+    counts, ``_per_line``), the prefixes and each line's phrases (tab-separated). ConfigError where two of
+    the input and these files would read stdin."""
+    readers = (["the input"] if stdin_input else []) + [
+        f"{flag} -" for flag, path in (("--prefix", prefix), ("--constraints", constraints))
+        if path is not None and str(path) == "-"]
+    if len(readers) > 1:
+        both = "both" if len(readers) == 2 else "all"
+        raise ConfigError(f"{' and '.join(readers)} would {both} read stdin: give all but one of them as "
+                          "files")
+    prefixes = phrases = None
+    if prefix is not None:
+        lines, prefixes = _per_line(lines, prefix, count, "--prefix")
+    if constraints is not None:
+        lines, rows = _per_line(lines, constraints, count, "--constraints")
+        phrases = [row.split("\t") if row else [] for row in rows]
+    return lines, prefixes, phrases
+
+
+def _per_line(lines, path: Path, count: int | None, option: str) -> tuple[Iterable[str], list[str]]:
+    """``translate --prefix`` or ``--constraints``: the file's lines, and the input lines checked to be as
+    many (DataError, before any work when the input's lines are counted ahead; for a pipe, as soon as it
+    runs out)."""
     from ..data import read_lines
 
     prefixes = list(read_lines(path))
 
     def mismatch(n: int | str) -> DataError:
-        return DataError(f"--prefix {path} has {len(prefixes)} lines, but the input has {n}")
+        return DataError(f"{option} {path} has {len(prefixes)} lines, but the input has {n}")
 
     if count is not None and count != len(prefixes):
         raise mismatch(count)
