@@ -238,10 +238,9 @@ RESUMABLE = {"max_steps", "max_epochs", "max_minutes", "valid_beam_size", "log_e
              "max_nonfinite", "compile", "device", "init_from", "precision", "gradient_checkpointing",
              "average_last"}
 
-
-# train.* keys added since checkpoints first recorded their dynamics, with the value every earlier run had:
+# Keys added since checkpoints first recorded their dynamics, with the value every earlier run had:
 # a fingerprint leaves such a key out while it has that value, so those runs still resume.
-ADDED_DYNAMICS = {"alignment": None, "plateau_patience": 2, "plateau_factor": 0.5}
+ADDED_DYNAMICS = {"alignment": None, "plateau_patience": 2, "plateau_factor": 0.5, "tokenizer.sampling": None}
 
 
 def canonical_hash(value: Any) -> str:
@@ -250,8 +249,10 @@ def canonical_hash(value: Any) -> str:
 
 def fingerprint(cfg, world_size: int, tokenizer, data_lengths: Sequence[int]) -> dict[str, Any]:
     """What a checkpoint records to refuse a resume that could not be exact: the model config, the
-    training dynamics (``train.*`` except ``RESUMABLE``, and the world size), the tokenizer, the data."""
-    dynamics = {k: v for k, v in cfg.train.model_dump(mode="json").items()
+    training dynamics (``train.*`` but ``RESUMABLE``, ``tokenizer.sampling``, world size), tokenizer, data."""
+    sampling = cfg.tokenizer.sampling
+    trained = cfg.train.model_dump(mode="json") | {"tokenizer.sampling": sampling and sampling.model_dump()}
+    dynamics = {k: v for k, v in trained.items()
                 if k not in RESUMABLE and not (k in ADDED_DYNAMICS and v == ADDED_DYNAMICS[k])}
     dynamics["world_size"] = world_size
     model = cfg.model.model_dump(mode="json")

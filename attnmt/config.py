@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Discriminator, Field, Tag, ValidationError, model_validator
+from pydantic import BaseModel, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 from pydantic import StrictBool as Bool
 from pydantic import StrictInt as Int
 from pydantic import StrictStr as Str
@@ -110,6 +110,26 @@ class DataConfig(Section):
     """Stop with an error when cleaning drops more than this fraction of the training pairs."""
 
 
+class SamplingConfig(Section):
+    """Subword regularisation (``subword_sampling.py``): every epoch, the training pairs are segmented anew by
+    sentencepiece's sampling, unigram sampling (Kudo 2018) or BPE-dropout (Provilkov et al. 2020); dev, test
+    and decoding keep the one deterministic segmentation."""
+
+    alpha: Probability1 = 0.1
+    """unigram: the inverse temperature (each segmentation's probability raised to alpha: smaller is more
+    varied); bpe: the probability that each merge is dropped."""
+    nbest: Int = 64
+    """unigram: sample among the nbest best segmentations, or -1 among all of them; bpe has no n-best list
+    (giving nbest with model_type bpe is an error)."""
+
+    @field_validator("nbest")
+    @classmethod
+    def _some_to_choose_from(cls, nbest: int) -> int:
+        if nbest != -1 and nbest < 2:
+            raise ValueError(f"must be -1 (every segmentation) or at least 2 (the n best), got {nbest}")
+        return nbest
+
+
 class TokenizerConfig(Section):
     model_type: Literal["bpe", "unigram"] = "unigram"
     joint: Bool = True
@@ -130,6 +150,8 @@ class TokenizerConfig(Section):
     src_model: Path | None = None
     """An existing sentencepiece model to load instead of training one (joint: the only model)."""
     tgt_model: Path | None = None
+    sampling: SamplingConfig | None = None
+    """Subword regularisation of the training pairs; off unless given (``sampling: {}``: the defaults)."""
 
 
 class GuidedAlignmentConfig(Section):
@@ -300,6 +322,7 @@ def _resolve_defaults(cfg: Config, source: str, lines: dict[tuple[str, ...], int
     """Defaults that follow other keys: sentencepiece's by the languages, shared embeddings by the tokenizer;
     a shared embedding over separate vocabularies is refused (it would tie unrelated pieces)."""
     _resolve_alignment(cfg, source, lines, overrides)
+    _check_sampling(cfg, source, lines, overrides)
     tok, langs = cfg.tokenizer, (cfg.data.src_lang, cfg.data.tgt_lang)
     for key, value in tokenizer_defaults(langs).items():
         if getattr(tok, key) is None:
@@ -352,6 +375,19 @@ def _resolve_alignment(cfg: Config, source: str, lines: dict[tuple[str, ...], in
         raise ConfigError(f"{_where('train.alignment', source, lines, overrides)}: path is required "
                           "(the alignments of data.train, one Pharaoh line per line); only the toy task "
                           "brings its own")
+
+
+def _check_sampling(cfg: Config, source: str, lines: dict[tuple[str, ...], int], overrides) -> None:
+    """``tokenizer.sampling``: BPE-dropout has no n-best list; guided alignment's links count the pieces of
+    the deterministic segmentation."""
+    sampling = cfg.tokenizer.sampling
+    if sampling is not None and cfg.tokenizer.model_type == "bpe" and "nbest" in sampling.model_fields_set:
+        raise ConfigError(f"{_where('tokenizer.sampling.nbest', source, lines, overrides)}: BPE-dropout has "
+                          "no n-best list (alpha is the probability of dropping each merge); leave nbest out "
+                          "with model_type bpe")
+    if sampling is not None and cfg.train.alignment is not None:
+        raise ConfigError(f"{_where('tokenizer.sampling', source, lines, overrides)}: cannot go with "
+                          "train.alignment, whose links count the pieces of the deterministic segmentation")
 
 
 def parse_override(item: str) -> tuple[str, Any]:

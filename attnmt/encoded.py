@@ -191,6 +191,11 @@ class EncodedSplit:
     def tgt_text(self, texts: list[str]) -> None:
         self._texts["tgt"] = texts
 
+    def text_file(self, name: str) -> Path | None:
+        """The file the texts ``name`` (``src``, ``tgt``) are read from; None once they are in memory."""
+        found = self._texts.get(name)
+        return found if isinstance(found, Path) else None
+
     @property
     def gold(self) -> list[str] | None:
         """The toy task's own word alignments (Pharaoh), one per pair."""

@@ -1,6 +1,7 @@
 """What a training run settles before its loop: settings refused before the run folder is touched
 (``preflight``), the autocast dtype, the weights a fine-tuning run starts from, whether the data must be
-prepared, and the guided-alignment links of the training pairs. ``train.Trainer`` calls these once."""
+prepared, the guided-alignment links of the training pairs, and the subword sampler of the training pairs.
+``train.Trainer`` calls these once."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from .guided import piece_alignments
 from .languages import bleu_tokenizer, missing_extra
 from .prepare import write_tokenizer
 from .runfiles import RunDir
+from .subword_sampling import SubwordSampler, longest_sampled
 from .tokenizer import Tokenizer, load_tokenizer
 
 
@@ -111,9 +113,9 @@ def data_to_prepare(cfg: Config, run: RunDir) -> bool:
     if not run.split("train").exists() or not run.tokenizer.exists() or not run.config.exists():
         return True
     stored = load_config(run.config)
-    sections = ("data", "tokenizer")
-    changes = diff_dicts({s: getattr(stored, s).model_dump(mode="json") for s in sections},
-                         {s: getattr(cfg, s).model_dump(mode="json") for s in sections})
+    sections, ignored = ("data", "tokenizer"), {"sampling"}  # tokenizer.sampling changes the training only
+    changes = diff_dicts({s: getattr(stored, s).model_dump(mode="json", exclude=ignored) for s in sections},
+                         {s: getattr(cfg, s).model_dump(mode="json", exclude=ignored) for s in sections})
     if changes:
         raise ConfigError(f"{run.root}: this run was prepared with other data or tokenizer settings "
                           f"({'; '.join(changes[:3])}); set them back to go on with this run (a default "
@@ -140,3 +142,10 @@ def guided_links(cfg: Config, run: RunDir, train_data: EncodedSplit,
     return guided.links, (f"guided alignment: {supervised} of {len(guided.links)} training pairs have "
                           f"links{skipped}; decoder layer {alignment.layer}, heads {alignment.heads}, "
                           f"weight {alignment.weight:g}")
+
+
+def resampler(cfg: Config, train_data: EncodedSplit, tokenizer: Tokenizer) -> SubwordSampler | None:
+    """``tokenizer.sampling``: the sampler that segments the training pairs anew each epoch; else None."""
+    if cfg.tokenizer.sampling is None:
+        return None
+    return SubwordSampler(tokenizer, train_data, cfg.tokenizer.sampling, cfg.train.seed, longest_sampled(cfg))

@@ -5,7 +5,9 @@ Normalisation: each micro-batch's loss is a sum over its real target tokens, div
 target tokens of the whole step (every micro-batch, every rank). DDP averages gradients over ranks, so
 the loss is multiplied by the world size first. Randomness inside a step is reseeded from (seed, step,
 position of the micro-batch among the step's micro-batches on every rank), so N ranks and one rank
-accumulating N micro-batches draw the same dropout masks.
+accumulating N micro-batches draw the same dropout masks. With ``tokenizer.sampling`` a micro-batch is
+segmented anew (``subword_sampling``), and may run as several parts when sampling made it outgrow the token
+budget: its first part keeps the micro-batch's seed, a later part k takes the seed of "position.k".
 """
 
 from __future__ import annotations
@@ -18,12 +20,13 @@ from dataclasses import dataclass
 
 import torch
 
-from .batching import EncodedSplit, gather
+from .batching import Batch, EncodedSplit, gather
 from .config import TrainConfig
 from .distributed import Dist
 from .faults import Faults
 from .loss import guided_alignment_loss, label_smoothed_nll
 from .optim import Schedule, set_lr
+from .subword_sampling import SubwordSampler
 from .tokenizer import PAD_ID
 
 
@@ -43,7 +46,7 @@ class StepResult:
     align_loss: float | None = None  # guided alignment loss, summed over supervised target pieces
 
 
-def step_seed(seed: int, step: int, position: int) -> int:
+def step_seed(seed: int, step: int, position: int | str) -> int:
     """A seed for one micro-batch, the same whichever rank or accumulation slot computes it."""
     digest = hashlib.sha256(f"{seed}/{step}/{position}".encode()).digest()
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
@@ -66,13 +69,16 @@ class OptimizerStep:
     cfg: TrainConfig
     data: EncodedSplit
     faults: Faults
+    sampler: SubwordSampler | None = None
+    """``tokenizer.sampling``: the training pairs segmented anew for each epoch."""
 
     def __call__(self, micro_batches: list[list[int]], step: int, stop_requested: Callable[[], bool],
-                 time_up: Callable[[], bool]) -> StepResult:
-        """Step ``step`` on this rank's ``micro_batches``. ``stop_requested()`` (a signal arrived) and
-        ``time_up()`` (rank 0's clock decides) are asked after the backward pass, so that a signal during
-        this step stops the run after it, and shared with every rank, so that all stop together."""
-        loss_sum, nll_sum, align_sum, global_tgt, global_src = self._backward(micro_batches, step)
+                 time_up: Callable[[], bool], epoch: int = 0) -> StepResult:
+        """Step ``step`` (of ``epoch``) on this rank's ``micro_batches``. ``stop_requested()`` (a signal
+        arrived) and ``time_up()`` (rank 0's clock decides) are asked after the backward pass, so that a
+        signal during this step stops the run after it, and shared with every rank, so that all stop
+        together."""
+        loss_sum, nll_sum, align_sum, global_tgt, global_src = self._backward(micro_batches, step, epoch)
         shared = [loss_sum, nll_sum, align_sum, float(stop_requested()), float(time_up())]
         loss_sum, nll_sum, align_sum, stop, up = self.dist.all_sum(shared)
         if self.scaler:
@@ -96,23 +102,37 @@ class OptimizerStep:
         return StepResult(False, stop > 0, up > 0, loss_sum, nll_sum, global_tgt, global_tgt + global_src,
                           grad_norm, lr, align_sum if self.cfg.alignment is not None else None)
 
-    def _backward(self, micro_batches: list[list[int]],
-                  step: int) -> tuple[float, float, float, float, float]:
+    def _parts(self, micro_batches: list[list[int]], step: int, epoch: int) -> list[tuple[int, Batch]]:
+        """Each micro-batch as a ``Batch`` with the seed of its randomness; with a sampler, segmented for
+        ``epoch``, in as many parts as ``train.max_tokens`` needs."""
+        parts = []
+        for m, indices in enumerate(micro_batches):
+            position = m * self.dist.world_size + self.dist.rank
+            if self.sampler is None:
+                parts.append((step_seed(self.cfg.seed, step, position), gather(self.data, indices)))
+                continue
+            batches = self.sampler.batches(indices, epoch, self.cfg.max_tokens)
+            parts += [(step_seed(self.cfg.seed, step, f"{position}.{k}" if k else position), batch)
+                      for k, batch in enumerate(batches)]
+        return parts
+
+    def _backward(self, micro_batches: list[list[int]], step: int,
+                  epoch: int) -> tuple[float, float, float, float, float]:
         """Gradients of this rank's micro-batches, each loss over the step's target tokens on every rank;
         returns (loss sum, nll sum, guided alignment loss sum, global target tokens, global source tokens).
         With ``train.alignment``, the loss is the translation loss + weight * the alignment loss."""
         guided = self.cfg.alignment
         if guided is not None:
             align_layer, align_heads = guided.layer - 1, [h - 1 for h in guided.heads]
-        batches = [gather(self.data, indices) for indices in micro_batches]
-        local_tgt, local_src = sum(b.n_tgt_tokens for b in batches), sum(b.n_src_tokens for b in batches)
+        parts = self._parts(micro_batches, step, epoch)
+        local_tgt, local_src = sum(b.n_tgt_tokens for _, b in parts), sum(b.n_src_tokens for _, b in parts)
         global_tgt, global_src = self.dist.all_sum([float(local_tgt), float(local_src)])
         loss_sum = nll_sum = align_sum = 0.0
         autocast = {"dtype": self.autocast_dtype, "enabled": self.autocast_dtype is not None}
-        for m, batch in enumerate(batches):
-            torch.manual_seed(step_seed(self.cfg.seed, step, m * self.dist.world_size + self.dist.rank))
+        for m, (seed, batch) in enumerate(parts):
+            torch.manual_seed(seed)
             batch = batch.to(self.device, non_blocking=True)
-            last = m == len(batches) - 1 or not self.dist.active
+            last = m == len(parts) - 1 or not self.dist.active
             with (contextlib.nullcontext() if last else self.ddp_model.no_sync(),
                   torch.autocast(self.device.type, **autocast)):
                 out = self.forward(batch) if guided is None else self.forward(batch, align_layer=align_layer)

@@ -112,6 +112,17 @@ class Tokenizer:
     def encode_tgt(self, texts: list[str]) -> list[list[int]]:
         return self._tgt.encode(texts, out_type=int)
 
+    def sample(self, side: str, text: str, alpha: float, nbest: int, seed: int) -> list[int]:
+        """One segmentation of ``text`` drawn by the ``side`` (``src``, ``tgt``) model, a pure function of
+        ``seed``: unigram sampling among the ``nbest`` best segmentations (-1: all), each weighted by its
+        probability to the power ``alpha``; for a BPE model BPE-dropout, each merge dropped with probability
+        ``alpha`` (``nbest`` unused). sentencepiece reseeds the calling thread's generator."""
+        import sentencepiece as spm
+
+        spm.set_random_generator_seed(seed)
+        model = self._src if side == "src" else self._tgt
+        return model.encode(text, out_type=int, enable_sampling=True, alpha=alpha, nbest_size=nbest)
+
     def normalize_src(self, text: str) -> str:
         """``text`` as the source model normalizes it before cutting it into pieces (spaces as spaces)."""
         return self._src.normalize(text).replace("\u2581", " ").strip()

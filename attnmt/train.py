@@ -1,10 +1,10 @@
 """``fit``: build, loop, validate, checkpoint; resumes exactly, and scales out under torchrun (DDP).
 
 Exactness (``docs/RELIABILITY.md``): the batches of an epoch are a pure function of (seed, epoch)
-(``batching.TokenBatchSampler``), and randomness inside a step is reseeded from (seed, step, position of
-the micro-batch among the step's micro-batches on every rank). So a resumed run, or N ranks, or one rank
-accumulating N micro-batches, all draw the same batches and the same dropout masks, and log the same
-losses.
+(``batching.TokenBatchSampler``), sampled pieces (``subword_sampling``) of (seed, epoch, example), and
+randomness inside a step is reseeded from (seed, step, position of the micro-batch among the step's
+micro-batches on every rank). So a resumed run, or N ranks, or one rank accumulating N micro-batches, all
+draw the same batches and the same dropout masks, and log the same losses.
 
 The parts: ``runstart`` (what is settled before the loop), ``step`` (one optimizer step), ``distributed``
 (device, ranks), ``optim`` (AdamW, the schedule), ``checkpoint`` (the payload, resume checks), ``keeper``
@@ -141,10 +141,9 @@ class Trainer:
             self.train_data.align, said = runstart.guided_links(self.cfg, run, self.train_data,
                                                                 self.tokenizer)
             self.log.show(Message(said))
-        self.sampler = TokenBatchSampler(
-            self.train_data.lengths, self.tc.max_tokens, self.tc.seed,
-            num_replicas=self.dist.world_size, rank=self.dist.rank, multiple_of=self.tc.accum_steps,
-        )  # fmt: skip
+        self.sampler = TokenBatchSampler(self.train_data.lengths, self.tc.max_tokens, self.tc.seed,
+                                         num_replicas=self.dist.world_size, rank=self.dist.rank,
+                                         multiple_of=self.tc.accum_steps)
         self.steps_per_epoch = len(self.sampler) // self.tc.accum_steps
         self.total_steps = self.tc.max_steps or self.tc.max_epochs * self.steps_per_epoch
         self._build()
@@ -169,7 +168,8 @@ class Trainer:
         forward = torch.compile(self.ddp_model) if self.tc.compile else self.ddp_model
         self.optimizer_step = OptimizerStep(self.model, self.ddp_model, forward, self.optimizer,
                                             self.schedule, self.scaler, self.autocast_dtype, self.dist,
-                                            self.device, self.tc, self.train_data, self.faults)
+                                            self.device, self.tc, self.train_data, self.faults,
+                                            runstart.resampler(self.cfg, self.train_data, self.tokenizer))
         if self.tc.tensorboard and self.dist.main:
             self.log.tensorboard = open_tensorboard(run)
 
@@ -316,7 +316,8 @@ class Trainer:
         def time_up() -> bool:
             return self.dist.main and tc.max_minutes > 0 and self.elapsed() >= 60 * tc.max_minutes
 
-        result = self.optimizer_step(micro_batches, step, lambda: self.stop_signal is not None, time_up)
+        result = self.optimizer_step(micro_batches, step, lambda: self.stop_signal is not None, time_up,
+                                     p.epoch)
         p.step = step
         if result.skipped:
             self._skip_step(step, micro_batches)

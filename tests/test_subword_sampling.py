@@ -1,0 +1,297 @@
+"""Subword regularisation (``tokenizer.sampling``, issue 27 item 5): the training pairs segmented anew at
+every epoch by sentencepiece's sampling, never the dev or test split or decoding.
+
+Oracles: the same (seed, epoch, example) gives the same pieces in any order, in a fresh sampler, and
+across a resume (the resumed run's weights equal the uninterrupted run's bit for bit); another epoch or
+seed gives other pieces; every sampled segmentation decodes to the cleaned sentence it came from (unigram
+and BPE-dropout); a side too long for the model keeps its deterministic pieces; a micro-batch that outgrew
+the budget is cut into parts within it; a spy on sentencepiece's sampling sees only training sentences
+through a training run with validation, ``eval`` and ``translate``; bad settings are one error line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from helpers import TOY_CONFIG, assert_one_error_line
+from typer.testing import CliRunner
+
+from attnmt import runstart
+from attnmt.batching import collate, load_split
+from attnmt.checkpoint import load_checkpoint, step_file
+from attnmt.cli import app
+from attnmt.config import SamplingConfig, TokenizerConfig, load_config
+from attnmt.encoded import EncodedSplit
+from attnmt.errors import ConfigError, DataError
+from attnmt.runfiles import RunDir
+from attnmt.subword_sampling import SubwordSampler, TextLines, example_seed, longest_sampled
+from attnmt.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
+
+UNBOUNDED = 10**6
+
+
+@pytest.fixture(autouse=True)
+def _restore_torch_state():
+    """In-process ``attnmt train`` switches on deterministic algorithms; leave the process as it was."""
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    yield
+    torch.use_deterministic_algorithms(deterministic)
+
+
+@pytest.fixture(scope="module")
+def prepared(tiny):
+    """The tiny run's training split (200 toy pairs, texts in src.txt/tgt.txt) and its unigram tokenizer."""
+    run = RunDir(tiny.prepared)
+    return load_split(run, "train"), load_tokenizer(run.tokenizer)
+
+
+def sampler(prepared, alpha: float = 0.5, nbest: int = -1, seed: int = 1, longest: int = UNBOUNDED):
+    split, tokenizer = prepared
+    return SubwordSampler(tokenizer, split, SamplingConfig(alpha=alpha, nbest=nbest), seed, longest)
+
+
+def every_pair(s: SubwordSampler, epoch: int, rows=None) -> list[tuple[list[int], list[int]]]:
+    return [s.pair(i, epoch) for i in (range(len(s.split)) if rows is None else rows)]
+
+
+# ------------------------------------------------------------------------------------ determinism
+
+
+def test_the_pieces_are_a_pure_function_of_seed_epoch_and_example(prepared):
+    first = sampler(prepared)
+    forward = every_pair(first, 3)
+    # Another sampler, the examples in reverse, other epochs' draws in between: the same pieces.
+    second = sampler(prepared)
+    backward = {}
+    for i in reversed(range(len(second.split))):
+        second.pair(i, 2)
+        backward[i] = second.pair(i, 3)
+    assert forward == [backward[i] for i in range(len(forward))]
+    # The batch of any set of examples holds those pieces.
+    rows = np.array([17, 3, 150, 42])
+    (batch,) = first.batches(rows, 3, UNBOUNDED)
+    expected = collate([forward[i][0] for i in rows], [forward[i][1] for i in rows], rows.tolist())
+    for name in ("src", "tgt_in", "tgt_out", "src_lengths", "tgt_lengths", "indices"):
+        assert torch.equal(getattr(batch, name), getattr(expected, name)), name
+
+
+def test_another_epoch_or_seed_draws_other_pieces(prepared):
+    epoch3 = every_pair(sampler(prepared), 3)
+    for other in (every_pair(sampler(prepared), 4), every_pair(sampler(prepared, seed=2), 3)):
+        differ = sum(a != b for a, b in zip(epoch3, other))
+        assert differ > len(epoch3) // 2, differ
+
+
+def test_example_seeds_differ_by_side_epoch_and_index_and_fit_sentencepiece():
+    seeds = {example_seed(1, e, i, side) for e in range(3) for i in range(200) for side in ("src", "tgt")}
+    assert len(seeds) == 3 * 200 * 2
+    assert all(0 <= s < 2**32 - 1 for s in seeds)  # 2**32 - 1 is sentencepiece's "no seed"
+
+
+# ------------------------------------------------------------------------------ what is sampled
+
+
+def bpe_split(prepared) -> tuple[EncodedSplit, Tokenizer]:
+    """The same pairs under a BPE tokenizer, their texts held in memory (not in files)."""
+    split, _ = prepared
+    src, tgt = split.src_text, split.tgt_text
+    bpe = train_tokenizer(src, tgt, TokenizerConfig(model_type="bpe", vocab_size=100,
+                                                    normalization="nmt_nfkc", character_coverage=1.0))
+    return EncodedSplit.from_lists(bpe.encode_src(src), bpe.encode_tgt(tgt), tgt, src_text=src), bpe
+
+
+@pytest.mark.parametrize("model_type", ["unigram", "bpe"])
+def test_sampled_pieces_decode_to_the_cleaned_sentence_and_vary(prepared, model_type):
+    split, tokenizer = prepared if model_type == "unigram" else bpe_split(prepared)
+    s = SubwordSampler(tokenizer, split, SamplingConfig(alpha=0.3, nbest=-1), 1, UNBOUNDED)
+    pairs = every_pair(s, 0)
+    changed = 0
+    for i, (src, tgt) in enumerate(pairs):
+        # joint tokenizers: one model decodes both sides
+        assert tokenizer.decode_tgt([src, tgt]) == [split.src_text[i], split.tgt_text[i]]
+        changed += (src, tgt) != (split.src_ids[i], split.tgt_ids[i])
+    assert changed > len(pairs) // 2, changed
+    # Deterministic encoding of the same texts is unaffected by the seeded sampling before it.
+    assert tokenizer.encode_src(split.src_text[:20]) == [split.src_ids[i] for i in range(20)]
+
+
+def test_a_side_too_long_for_the_model_keeps_its_deterministic_pieces(prepared):
+    split, _ = prepared
+    free = every_pair(sampler(prepared), 0)
+    longest = int(np.percentile([len(x) for pair in free for x in pair], 50))
+    capped = every_pair(sampler(prepared, longest=longest), 0)
+    kept = 0
+    for i, (pair, unbounded) in enumerate(zip(capped, free)):
+        deterministic_pair = (split.src_ids[i], split.tgt_ids[i])
+        for side, ids, drawn, deterministic in zip("st", pair, unbounded, deterministic_pair):
+            if len(drawn) > longest:
+                assert ids == deterministic, (i, side)
+                kept += 1
+            else:
+                assert ids == drawn, (i, side)
+    assert kept > 0
+
+
+def test_longest_sampled_is_max_len_within_the_transformers_positions():
+    cfg = load_config(TOY_CONFIG, ["data.max_len=50", "model.max_positions=40"])
+    assert longest_sampled(cfg) == 39  # the side's EOS (or BOS) takes a position too
+    lstm = load_config(TOY_CONFIG.with_name("toy_lstm.yaml"), ["data.max_len=50"])
+    assert longest_sampled(lstm) == 50
+
+
+def test_a_micro_batch_that_outgrew_the_budget_is_cut_into_parts_within_it(prepared):
+    s = sampler(prepared)
+    rows = np.arange(0, 200, 3)
+    budget = 120
+    parts = s.batches(rows, 0, budget)
+    assert len(parts) > 1
+    seen = []
+    for part in parts:
+        cost = part.size * max(int(part.src_lengths.max()), int(part.tgt_lengths.max()))
+        assert cost <= budget or part.size == 1
+        seen += part.indices.tolist()
+        for k, i in enumerate(part.indices.tolist()):
+            src, tgt = s.pair(i, 0)
+            assert part.src[k, : len(src)].tolist() == src and part.tgt_out[k, : len(tgt)].tolist() == tgt
+    assert sorted(seen) == rows.tolist()
+
+
+def test_text_lines_reads_each_line_from_the_file(tmp_path):
+    lines = ["eins", "", "zwei – drei", "四五"]
+    path = tmp_path / "src.txt"
+    path.write_text("".join(f"{x}\n" for x in lines), encoding="utf-8")
+    text = TextLines(path, 4)
+    assert list(text) == lines and text[-1] == "四五"
+    with pytest.raises(DataError, match="4 lines, expected 5; run attnmt prepare again"):
+        TextLines(path, 5)
+
+
+# --------------------------------------------------------------------------------- training runs
+
+
+def train(config: Path, run: Path, *sets: str):
+    args = ["train", str(config), "--run-dir", str(run)] + [a for s in sets for a in ("--set", s)]
+    return CliRunner().invoke(app, args)
+
+
+SAMPLING = ("tokenizer.sampling.alpha=0.3", "tokenizer.sampling.nbest=-1")
+
+
+def test_a_resumed_run_with_sampling_equals_the_uninterrupted_one(tiny, tmp_path):
+    """26 steps an epoch: the resume at step 20 goes on into epoch 2, whose pieces are drawn anew."""
+    config = tiny.config["transformer"]
+    straight = tiny.copy_prepared(tmp_path / "straight")
+    assert train(config, straight, *SAMPLING, "train.eval_every=100").exit_code == 0
+    resumed = tiny.copy_prepared(tmp_path / "resumed")
+    assert train(config, resumed, *SAMPLING, "train.eval_every=100", "train.max_steps=20").exit_code == 0
+    result = train(config, resumed, *SAMPLING, "train.eval_every=100")
+    assert result.exit_code == 0, result.output
+    assert "resumed from step_00000020.pt" in result.stdout
+    a, b = (load_checkpoint(run / "checkpoints" / step_file(30)) for run in (straight, resumed))
+    assert a["progress"]["epoch"] == 1
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    # The same run without sampling trains on other pieces.
+    plain = tiny.copy_prepared(tmp_path / "plain")
+    assert train(config, plain, "train.eval_every=100").exit_code == 0
+    c = load_checkpoint(plain / "checkpoints" / step_file(30))
+    assert not all(torch.equal(a["model"][k], c["model"][k]) for k in a["model"])
+    # Another alpha cannot resume the run: its batches would not be the ones it trained on.
+    changed = train(config, resumed, "tokenizer.sampling.alpha=0.2", "tokenizer.sampling.nbest=-1",
+                    "train.max_steps=31")
+    assert changed.exit_code == 2, changed.output
+    assert "tokenizer.sampling.alpha: 0.3 -> 0.2" in assert_one_error_line(changed.stderr)
+
+
+def test_only_training_sentences_are_ever_sampled(tiny, tmp_path, monkeypatch):
+    """An LSTM trained with sampling and validated on dev, then ``eval`` and ``translate`` on dev: every
+    sentence sentencepiece sampled is a training one, each pair of each step's batches once a side; the
+    translator encodes dev deterministically, as prepare did."""
+    drawn: list[tuple[str, str]] = []
+    original = Tokenizer.sample
+
+    def spy(self, side, text, *args):
+        drawn.append((side, text))
+        return original(self, side, text, *args)
+
+    monkeypatch.setattr(Tokenizer, "sample", spy)
+    run = tiny.copy_prepared(tmp_path / "run")
+    result = train(tiny.config["lstm"], run, *SAMPLING, "train.max_steps=6", "train.eval_every=3")
+    assert result.exit_code == 0, result.output
+    assert "validation at step 3" in result.stdout
+    train_split, dev = load_split(RunDir(run), "train"), load_split(RunDir(run), "dev")
+    assert {t for side, t in drawn if side == "src"} <= set(train_split.src_text)
+    assert {t for side, t in drawn if side == "tgt"} <= set(train_split.tgt_text)
+    trained = sum(1 for side, _ in drawn if side == "src")
+    assert trained == sum(1 for side, _ in drawn if side == "tgt") > 0
+    sources, references = tmp_path / "dev.src", tmp_path / "dev.ref"
+    sources.write_text("".join(f"{x}\n" for x in dev.src_text), encoding="utf-8")
+    references.write_text("".join(f"{x}\n" for x in dev.tgt_text), encoding="utf-8")
+    before = len(drawn)
+    evaluated = CliRunner().invoke(app, ["eval", str(run), "--src", str(sources), "--ref", str(references)])
+    assert evaluated.exit_code == 0, evaluated.output
+    translated = CliRunner().invoke(app, ["translate", str(run), dev.src_text[0]])
+    assert translated.exit_code == 0, translated.output
+    assert len(drawn) == before  # nothing sampled outside training
+    from attnmt.cli.common import open_translator
+
+    translator, _, _ = open_translator(run)
+    assert translator.encode(dev.src_text).ids == [dev.src_ids[i] for i in range(len(dev))]
+
+
+def test_sampling_needs_no_new_prepare(tiny):
+    """The prepared data does not depend on tokenizer.sampling: a prepared run takes it as it is."""
+    cfg = load_config(tiny.config["transformer"], list(SAMPLING))
+    assert runstart.data_to_prepare(cfg, RunDir(tiny.prepared)) is False
+
+
+# ------------------------------------------------------------------------------------------ config
+
+
+@pytest.mark.parametrize(("sets", "expected"), [
+    (["tokenizer.sampling.alpha=0"], "--set tokenizer.sampling.alpha: must be > 0.0, got 0"),
+    (["tokenizer.sampling.alpha=1.5"], "--set tokenizer.sampling.alpha: must be <= 1.0, got 1.5"),
+    (["tokenizer.sampling.alpha=.nan"], "--set tokenizer.sampling.alpha: must be a finite number"),
+    (["tokenizer.sampling.nbest=1"],
+     "--set tokenizer.sampling.nbest: must be -1 (every segmentation) or at least 2 (the n best), got 1"),
+    (["tokenizer.sampling.nbest=-2"],
+     "--set tokenizer.sampling.nbest: must be -1 (every segmentation) or at least 2 (the n best), got -2"),
+    (["tokenizer.sampling.nbset=4"], "--set tokenizer.sampling.nbset: unknown key (did you mean nbest?)"),
+    (["tokenizer.sampling=0.1"], "--set tokenizer.sampling: expected a mapping, got number"),
+    (["tokenizer.model_type=bpe", "tokenizer.sampling.nbest=8"],
+     "--set tokenizer.sampling.nbest: BPE-dropout has no n-best list (alpha is the probability of dropping "
+     "each merge); leave nbest out with model_type bpe"),
+])
+def test_bad_settings_are_one_line_naming_the_key(sets, expected):
+    with pytest.raises(ConfigError) as caught:
+        load_config(TOY_CONFIG, sets)
+    assert str(caught.value) == expected
+
+
+def test_bad_settings_in_a_file_name_its_line_and_the_cli_prints_one_error_line(tmp_path):
+    text = TOY_CONFIG.read_text(encoding="utf-8").replace(
+        "  vocab_size: 400\n", "  vocab_size: 400\n  sampling:\n    alpha: 0\n")
+    path = tmp_path / "cfg.yaml"
+    path.write_text(text, encoding="utf-8")
+    line = text.splitlines().index("    alpha: 0") + 1
+    with pytest.raises(ConfigError, match=f"^{path}:{line}: tokenizer.sampling.alpha: must be > 0.0, got 0$"):
+        load_config(path)
+    result = train(path, tmp_path / "run")
+    assert result.exit_code == 2
+    assert "tokenizer.sampling.alpha: must be > 0.0" in assert_one_error_line(result.stderr)
+    assert not (tmp_path / "run").exists()
+
+
+def test_sampling_and_guided_alignment_are_refused_together():
+    with pytest.raises(ConfigError, match="tokenizer.sampling: cannot go with train.alignment"):
+        load_config(TOY_CONFIG.with_name("toy_transformer_guided.yaml"), ["tokenizer.sampling.alpha=0.1"])
+
+
+def test_defaults_and_bpe_without_nbest():
+    cfg = load_config(TOY_CONFIG, ["tokenizer.sampling={}"])
+    assert (cfg.tokenizer.sampling.alpha, cfg.tokenizer.sampling.nbest) == (0.1, 64)
+    assert load_config(TOY_CONFIG).tokenizer.sampling is None
+    bpe = load_config(TOY_CONFIG, ["tokenizer.model_type=bpe", "tokenizer.sampling.alpha=0.2"])
+    assert bpe.tokenizer.sampling.alpha == 0.2
