@@ -1,0 +1,152 @@
+"""Subword regularisation at equal minutes: one config trained twice for the same training time, without
+and with ``tokenizer.sampling``, then both scored on its test set (``attnmt eval``: BLEU, chrF).
+
+    python scripts/bench_sampling.py configs/multi30k_de_en_transformer.yaml --minutes 30 \\
+        --alpha 0.1 --nbest 64 --run-root runs/bench_sampling/multi30k_de_en
+    python scripts/bench_sampling.py configs/tatoeba_zh_en_transformer.yaml --minutes 30 \\
+        --alpha 0.1 --nbest 64 --run-root runs/bench_sampling/tatoeba_zh_en
+
+The data is prepared once (``attnmt prepare``, not timed) and copied into both run folders: sampling changes
+no prepared file. Each run trains in a child process (``attnmt train``) until ``train.max_minutes`` =
+``--minutes`` of training time as the trainer counts it (its validations included), with ``max_epochs`` and
+``max_steps`` lifted so that the clock alone stops it; the rest of the config (``average_last`` too) is kept.
+The runs go one after the other, never side by side: give the machine to them alone. The test set is the
+config's ``data.test``, read and cleaned as prepare reads it, translated by each run folder's best checkpoint
+with the config's decode settings. A run folder that exists is continued (a run that finished has nothing
+to do), so an interrupted benchmark goes on where it stopped; remove ``--run-root`` to start again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def attnmt(*args: str) -> subprocess.CompletedProcess:
+    """``python -m attnmt ARGS`` in a child process, its output shown as it comes (stdout kept for eval)."""
+    command = [sys.executable, "-m", "attnmt", *map(str, args)]
+    print("$", " ".join(command[2:]), flush=True)
+    keep = args[0] == "eval"
+    result = subprocess.run(command, cwd=REPO, text=True, stdout=subprocess.PIPE if keep else None)
+    if result.returncode != 0:
+        sys.exit(f"attnmt {args[0]} failed (exit {result.returncode})")
+    return result
+
+
+def sets(items: list[str]) -> list[str]:
+    return [arg for item in items for arg in ("--set", item)]
+
+
+def write_test_set(config: Path, overrides: list[str], root: Path) -> tuple[Path, Path, int]:
+    """The config's test pairs, cleaned as prepare cleans them, as two files under ``root``."""
+    from attnmt.config import load_config
+    from attnmt.data import read_corpus
+
+    cfg = load_config(config, overrides)
+    if cfg.data.test is None:
+        sys.exit(f"{config}: the config has no data.test to score on")
+    corpus = read_corpus(cfg.data.test, "test")
+    src, ref = root / "test.src", root / "test.ref"
+    src.write_text("".join(f"{line}\n" for line in corpus.src), encoding="utf-8")
+    ref.write_text("".join(f"{line}\n" for line in corpus.tgt), encoding="utf-8")
+    return src, ref, len(corpus)
+
+
+def progress_of(run: Path) -> dict:
+    """The latest checkpoint's counters: steps, epochs, tokens and seconds of training."""
+    from attnmt.checkpoint import load_checkpoint, read_pointer
+    from attnmt.runfiles import RunDir
+
+    latest = read_pointer(RunDir(run), "latest")
+    progress = load_checkpoint(run / "checkpoints" / latest["file"])["progress"]
+    best = read_pointer(RunDir(run), "best")
+    return {"steps": progress["step"], "epochs": progress["epoch"], "tokens": progress["tokens_seen"],
+            "minutes": progress["train_seconds"] / 60, "best": best.get("file", latest["file"])}
+
+
+def sampled_length(config: Path, overrides: list[str], run: Path, examples: int = 2000) -> float:
+    """How much longer sampling makes the training pairs: their pieces (both sides) at epoch 0 over their
+    deterministic pieces, on the first ``examples`` pairs."""
+    from attnmt.batching import load_split
+    from attnmt.config import load_config
+    from attnmt.runfiles import RunDir
+    from attnmt.runstart import resampler
+    from attnmt.tokenizer import load_tokenizer
+
+    split = load_split(RunDir(run), "train")
+    sampler = resampler(load_config(config, overrides), split, load_tokenizer(RunDir(run).tokenizer))
+    rows = range(min(examples, len(split)))
+    drawn = sum(len(src) + len(tgt) for src, tgt in (sampler.pair(i, 0) for i in rows))
+    rows_array = np.arange(len(rows))
+    return drawn / int(split.src_ids.lengths(rows_array).sum() + split.tgt_ids.lengths(rows_array).sum())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("config", type=Path)
+    parser.add_argument("--minutes", type=float, required=True, help="Training time of each run.")
+    parser.add_argument("--alpha", type=float, default=0.1,
+                        help="tokenizer.sampling.alpha (unigram: inverse temperature; bpe: dropout).")
+    parser.add_argument("--nbest", type=int, default=None,
+                        help="tokenizer.sampling.nbest (unigram only; default: the config's default, 64).")
+    parser.add_argument("--run-root", type=Path, default=None,
+                        help="Where the prepared data, the two run folders and the test files go "
+                             "(default: runs/bench_sampling/<config name>).")
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        help="Another config override for both runs (repeatable), e.g. train.device=cuda.")
+    parser.add_argument("--json", type=Path, help="Write the results here too.")
+    args = parser.parse_args()
+    if args.minutes <= 0:
+        parser.error("--minutes must be > 0")
+    root = (args.run_root or REPO / "runs" / "bench_sampling" / args.config.stem).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    config = args.config.resolve()
+    sampling = [f"tokenizer.sampling.alpha={args.alpha}"]
+    if args.nbest is not None:
+        sampling.append(f"tokenizer.sampling.nbest={args.nbest}")
+    clock = [f"train.max_minutes={args.minutes}", "train.max_epochs=1000000", "train.max_steps=0"]
+    variants = {"plain": args.overrides + clock, "sampling": args.overrides + clock + sampling}
+    write_test_set(config, variants["sampling"], root)  # also checks both sets of settings load
+    prepared = root / "prepared"
+    if not (prepared / "config.yaml").exists():
+        attnmt("prepare", config, "--run-dir", prepared, *sets(args.overrides))
+    rows = []
+    for name, overrides in variants.items():
+        run = root / name
+        if not run.exists():
+            shutil.copytree(prepared, run, ignore=shutil.ignore_patterns(".lock"))
+        attnmt("train", config, "--run-dir", run, *sets(overrides))
+        scored = attnmt("eval", run, "--src", root / "test.src", "--ref", root / "test.ref",
+                        "--metrics", "bleu,chrf", "--json")
+        scores = {s["metric"]: s for s in json.loads(scored.stdout)}
+        longer = sampled_length(config, overrides, run) if name == "sampling" else 1.0
+        rows.append({"run": name, "settings": sampling if name == "sampling" else [], **progress_of(run),
+                     "pieces": round(longer, 3), "bleu": scores["bleu"]["score"],
+                     "chrf": scores["chrf"]["score"], "signature": scores["bleu"]["signature"]})
+    print(f"\n{args.config.name}, {args.minutes:g} minutes each; test set {root / 'test.src'}")
+    print("\n| run | sampling | pieces | steps | epochs | minutes | BLEU | chrF | checkpoint scored |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for row in rows:
+        print(f"| {row['run']} | {', '.join(row['settings']) or 'off'} | {row['pieces']:.2f}x | "
+              f"{row['steps']} | {row['epochs']} | {row['minutes']:.1f} | {row['bleu']:.2f} | "
+              f"{row['chrf']:.2f} | {row['best']} |")
+    print("\npieces: the training pairs' pieces at epoch 0 over their deterministic pieces "
+          "(the first 2,000 pairs)")
+    print(f"\nBLEU: {rows[0]['signature']}")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    main()
