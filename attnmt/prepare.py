@@ -69,7 +69,7 @@ class PrepareReport:
 def obtain_tokenizer(cfg: Config, run: RunDir, train: Spooled) -> tuple[Tokenizer, str]:
     """The run's tokenizer: a user-given model, the one already in the run folder, or a new one trained on
     a sample of the training spool; and how it was obtained, in words."""
-    settings = cfg.tokenizer.model_dump(mode="json")
+    settings = cfg.tokenizer.model_dump(mode="json", exclude={"sampling"})  # sampling trains nothing here
     if cfg.tokenizer.src_model is not None:
         if not cfg.tokenizer.joint and cfg.tokenizer.tgt_model is None:
             raise ConfigError("tokenizer.tgt_model: required when tokenizer.joint is false "

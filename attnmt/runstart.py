@@ -102,7 +102,7 @@ def initial_weights(cfg: Config, run: RunDir, main: bool) -> tuple[dict, Path]:
             raise ConfigError(f"train.init_from {path}: {run.tokenizer} holds another tokenizer than the "
                               "checkpoint's; use another --run-dir")
     elif main:
-        write_tokenizer(tokenizer, cfg.tokenizer.model_dump(mode="json"), run)
+        write_tokenizer(tokenizer, cfg.tokenizer.model_dump(mode="json", exclude={"sampling"}), run)
     return model.state_dict(), path
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import TOY_CONFIG, assert_one_error_line
+from helpers import TOY_CONFIG, assert_one_error_line, hash_tree
 from typer.testing import CliRunner
 
 from attnmt import runstart
@@ -26,6 +26,7 @@ from attnmt.cli import app
 from attnmt.config import SamplingConfig, TokenizerConfig, load_config
 from attnmt.encoded import EncodedSplit
 from attnmt.errors import ConfigError, DataError
+from attnmt.prepare import prepare
 from attnmt.runfiles import RunDir
 from attnmt.subword_sampling import SubwordSampler, TextLines, example_seed, longest_sampled
 from attnmt.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
@@ -241,10 +242,15 @@ def test_only_training_sentences_are_ever_sampled(tiny, tmp_path, monkeypatch):
     assert translator.encode(dev.src_text).ids == [dev.src_ids[i] for i in range(len(dev))]
 
 
-def test_sampling_needs_no_new_prepare(tiny):
-    """The prepared data does not depend on tokenizer.sampling: a prepared run takes it as it is."""
+def test_sampling_needs_no_new_prepare(tiny, tmp_path):
+    """The prepared data does not depend on tokenizer.sampling: a prepared run takes it as it is, and
+    preparing it again with the setting keeps its tokenizer and writes the same splits."""
     cfg = load_config(tiny.config["transformer"], list(SAMPLING))
     assert runstart.data_to_prepare(cfg, RunDir(tiny.prepared)) is False
+    run = tiny.copy_prepared(tmp_path / "run")
+    before = hash_tree(run / "data"), hash_tree(run / "tokenizer")
+    prepare(cfg, RunDir(run), workers=1)
+    assert (hash_tree(run / "data"), hash_tree(run / "tokenizer")) == before
 
 
 # ------------------------------------------------------------------------------------------ config
