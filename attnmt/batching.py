@@ -142,7 +142,9 @@ class TokenBatchSampler:
     multiple of ``num_replicas * multiple_of``, the largest batches are split in two until it is, so
     every rank takes the same number of steps and every example is still used exactly once.
     Rank r takes global batches r, r + N, r + 2N, ...: with N ranks a step sees the same examples as
-    one rank accumulating N consecutive batches.
+    one rank accumulating N consecutive batches. With ``weights`` (one per corpus of ``corpora``, the
+    pairs of each, one corpus after another), an epoch's examples are drawn by ``corpus_draws`` instead
+    of taken once each.
     """
 
     def __init__(
@@ -155,6 +157,8 @@ class TokenBatchSampler:
         rank: int = 0,
         multiple_of: int = 1,
         bucket_batches: int = 100,
+        corpora: Sequence[int] | None = None,
+        weights: Sequence[float] | None = None,
     ) -> None:
         if not 0 <= rank < num_replicas:
             raise ValueError(f"rank {rank} is not in [0, {num_replicas})")
@@ -169,6 +173,10 @@ class TokenBatchSampler:
         self.num_replicas, self.rank = num_replicas, rank
         self.batches_per_step = num_replicas * multiple_of
         self.bucket_batches = bucket_batches
+        self.corpora, self.weights = corpora, weights  # several corpora drawn by weight (``corpus_draws``)
+        if weights is not None and (corpora is None or len(corpora) != len(weights)
+                                    or sum(corpora) != len(self.lengths)):
+            raise ValueError(f"{len(weights)} corpus weights for corpora of {corpora} pairs")
         if len(self.lengths) < self.batches_per_step:
             raise DataError(
                 f"epoch has 0 steps: {len(self.lengths)} examples cannot fill {num_replicas} rank(s) x "
@@ -187,7 +195,8 @@ class TokenBatchSampler:
             cut = token_batches(self.lengths, order, self.max_tokens)
             batches = [np.asarray(b, dtype=np.int64) for b in cut]
         else:
-            order = rng.permutation(n)
+            order = (rng.permutation(n) if self.weights is None
+                     else corpus_draws(self.corpora, self.weights, rng))
             mean_len = max(1.0, float(self.lengths.mean()))
             window = max(1, int(self.bucket_batches * self.max_tokens / mean_len))
             batches = []
@@ -225,6 +234,24 @@ class TokenBatchSampler:
     def iter_from(self, epoch: int, start: int = 0) -> Iterator[np.ndarray]:
         """This rank's batches of ``epoch`` from batch index ``start`` on (resume)."""
         yield from self.batches(epoch)[start:]
+
+
+def corpus_draws(sizes: Sequence[int], weights: Sequence[float], rng: np.random.Generator) -> np.ndarray:
+    """One epoch's examples from corpora of ``sizes`` pairs (one after another in the split), weighted: as
+    many as the corpora hold in all, each from corpus k with probability weights[k] / sum(weights) (one
+    multinomial draw of the counts), taken from the corpus in a shuffled order that starts again when it
+    runs out (so a small corpus repeats, a large one is cut), all shuffled together. An empty corpus
+    gets none."""
+    sizes_ = np.asarray(sizes, dtype=np.int64)
+    p = np.where(sizes_ > 0, np.asarray(weights, dtype=np.float64), 0.0)
+    counts = rng.multinomial(int(sizes_.sum()), p / p.sum())
+    starts = np.concatenate([[0], np.cumsum(sizes_)[:-1]])
+    parts = []
+    for start, size, count in zip(starts.tolist(), sizes_.tolist(), counts.tolist()):
+        if count:
+            rounds = -(-count // size)
+            parts.append(np.concatenate([rng.permutation(size) for _ in range(rounds)])[:count] + start)
+    return rng.permutation(np.concatenate(parts))
 
 
 # ------------------------------------------------------------------------------ encoded splits

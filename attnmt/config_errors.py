@@ -43,10 +43,11 @@ def describe(error: ValidationError, source: str, lines: dict[tuple[str, ...], i
 
 def _clean_loc(loc: tuple, tags: frozenset[str]) -> tuple:
     """Drop pydantic's union-member tags (``model.transformer.n_heads`` -> ``model.n_heads``)."""
-    out = []
-    for i, part in enumerate(loc):
-        if (i > 0 and isinstance(part, str) and part in tags
-                and loc[i - 1] in ("model", "train", "dev", "test")):
+    out: list = []
+    for part in loc:
+        # A tag right after its union's key (model, data.train, ...) or after a list's index.
+        if (out and isinstance(part, str) and part in tags
+                and (out[-1] in ("model", "train", "dev", "test") or isinstance(out[-1], int))):
             continue
         if isinstance(part, str) and (part.startswith("function-")
                                       or part in ("list[Path]", "Path", "none", "tuple")):
@@ -93,13 +94,26 @@ def _message(err: dict, loc: tuple, schema: type[BaseModel]) -> str:
         return f"{err['ctx']['tag']!r} is not one of {err['ctx']['expected_tags']}"
     if kind == "union_tag_not_found":
         return f"missing key {err['ctx']['discriminator']}"
+    if kind == "string_pattern_mismatch":
+        return f"{value!r} is not {_PATTERN_WORDS.get(err['ctx']['pattern'], 'of the expected form')}"
+    if kind == "too_short":
+        return f"must not be empty (at least {err['ctx']['min_length']} item)"
     return err["msg"]
+
+
+# The patterns of config strings, in words (``config/data.py``).
+_PATTERN_WORDS = {
+    r"^[A-Za-z][A-Za-z0-9_-]*$": "a language code (a letter, then letters, digits, - or _; e.g. fr)",
+    r"^\S+$": "one token (no spaces; e.g. <bt>)",
+}
 
 
 def _valid_keys(loc: tuple, schema: type[BaseModel]) -> list[str]:
     """The field names allowed at ``loc`` in ``schema`` (used for did-you-mean hints)."""
     classes: list[type[BaseModel]] = [schema]
     for part in loc:
+        if isinstance(part, int):  # a list's index: the same classes
+            continue
         nxt: list[type[BaseModel]] = []
         for cls in classes:
             field = cls.model_fields.get(str(part))

@@ -116,8 +116,11 @@ def raw_pairs(source: Source, name: str) -> Iterator[RawPair]:
         raise DataError(f"{name}: the corpus is empty ({describe_source(source)})")
 
 
-def describe_source(source: Source) -> str:
-    """The pairs' origin in a few words, each path as short as it is true (``configs/../x`` is ``x``)."""
+def describe_source(source: Source | list[Source]) -> str:
+    """The pairs' origin in a few words, each path as short as it is true (``configs/../x`` is ``x``); of a
+    list of corpora, each's, joined by " + "."""
+    if isinstance(source, list):
+        return " + ".join(describe_source(s) for s in source)
     if isinstance(source, TextSource):
         return f"{_shown(source.src)}, {_shown(source.tgt)}"
     if isinstance(source, (TsvSource, JsonlSource)):

@@ -2,7 +2,8 @@
 
 A prepared split is the folder ``run/data/<split>/``::
 
-    split.json                 format, rows, the dtype of the ids, the columns; written last
+    split.json                 format, rows, the dtype of the ids, the columns, the pairs of each corpus
+                               (several training corpora, one after another); written last
     src_ids.bin  tgt_ids.bin   every sentence's token ids, one after another (uint16, or int32 past 65,536)
     src_offsets.bin  tgt_offsets.bin   int64, rows + 1: sentence i is ids[offsets[i]:offsets[i + 1]]
     lines.bin                  int64: the line of its corpus each pair was read from (1-based)
@@ -111,6 +112,7 @@ class SplitWriter:
                  "tgt.txt"] + (["alignment.txt"] if alignments else [])
         self.files = {name: open(self.tmp / name, "wb") for name in names}
         self.rows, self.ends = 0, {"src": 0, "tgt": 0}
+        self.corpora: list[int] | None = None  # several training corpora: the pairs of each, in order
         for side in ("src", "tgt"):
             self.files[f"{side}_offsets.bin"].write(np.zeros(1, dtype=OFFSETS).tobytes())
 
@@ -134,7 +136,8 @@ class SplitWriter:
             os.fsync(handle.fileno())
             handle.close()
         meta = {"format": FORMAT, "rows": self.rows, "ids_dtype": self.dtype.name,
-                "tokens": dict(self.ends), "alignment": "alignment.txt" in self.files}
+                "tokens": dict(self.ends), "alignment": "alignment.txt" in self.files,
+                **({"corpora": self.corpora} if self.corpora else {})}
         atomic_write_text(self.tmp / META, json.dumps(meta, indent=2))
         replace_dir(self.tmp, self.path)
 
@@ -152,6 +155,8 @@ class EncodedSplit:
                  texts: dict[str, list[str] | Path] | None = None) -> None:
         self.src_ids, self.tgt_ids, self.lines = src_ids, tgt_ids, lines
         self._texts = dict(texts or {})
+        self.corpora: list[int] | None = None
+        """Several training corpora, one after another: how many pairs each has (``split.json``)."""
         self.align: list[np.ndarray] | None = None
         """Guided alignment training: per pair, the (target piece, source piece) links its cross-attention
         is taught to follow (``guided.py``); ``batching.batch`` turns them into ``Batch.align``."""
@@ -243,13 +248,18 @@ def open_split(path: Path, name: str) -> EncodedSplit:
                         _map(path / f"{side}_offsets.bin", np.dtype(OFFSETS), rows + 1))
                  for side in ("src", "tgt")]
         lines = _map(path / "lines.bin", np.dtype(OFFSETS), rows)
+        corpora = [int(n) for n in meta["corpora"]] if "corpora" in meta else None
+        if corpora is not None and sum(corpora) != rows:
+            raise ValueError(f"corpora of {sum(corpora)} pairs in all, but {rows} rows")
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise DataError(f"{path}: cannot read the encoded {name} split ({e}); "
                         "run attnmt prepare again") from None
     texts = {"src": path / "src.txt", "tgt": path / "tgt.txt"}
     if meta.get("alignment"):
         texts["alignment"] = path / "alignment.txt"
-    return EncodedSplit(*sides, lines, texts)
+    split = EncodedSplit(*sides, lines, texts)
+    split.corpora = corpora
+    return split
 
 
 def _map(path: Path, dtype: np.dtype, count: int) -> np.ndarray:

@@ -96,7 +96,8 @@ def obtain_tokenizer(cfg: Config, run: RunDir, train: Spooled) -> tuple[Tokenize
             )
         return load_tokenizer(run.tokenizer), "loaded"
     samples = tokenizer_sample(train, cfg.tokenizer, cfg.train.seed)
-    tokenizer = train_on_samples(samples, cfg.tokenizer, seed=cfg.train.seed)
+    tokenizer = train_on_samples(samples, cfg.tokenizer, seed=cfg.train.seed,
+                                 symbols=cfg.data.control_tokens())
     write_tokenizer(tokenizer, settings, run)
     population = train.kept * (2 if cfg.tokenizer.joint else 1)
     each = "" if cfg.tokenizer.joint else " per side"
@@ -130,14 +131,17 @@ def prepare(cfg: Config, run: RunDir, workers: int | None = None) -> PrepareRepo
     check_run_folder(run)
     check_sources_outside(cfg, run)
     workers = workers or default_workers()
-    sources = {"train": cfg.data.train, "dev": cfg.data.dev, "test": cfg.data.test}
+    data = cfg.data
+    sources = {"train": data.corpora(), "dev": data.dev, "test": data.test}
+    prefixes = {name: [data.source_prefix(s) for s in (source if isinstance(source, list) else [source])]
+                for name, source in sources.items() if source is not None}
     work = run.data / f".prepare.tmp-{os.getpid()}"
     made_data = not run.data.exists()
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     writers: dict[str, SplitWriter] = {}
     try:
-        spooled = {name: spool_split(source, name, work / f"{name}.tsv", workers)
+        spooled = {name: spool_split(source, name, work / f"{name}.tsv", workers, prefixes[name])
                    for name, source in sources.items() if source is not None}
         train = spooled["train"]
         if train.kept == 0:
@@ -146,6 +150,7 @@ def prepare(cfg: Config, run: RunDir, workers: int | None = None) -> PrepareRepo
         _check_dropped(train.read, train.kept, train.dropped, cfg.data.max_dropped_fraction)
         write_marker(run)  # before anything else is written into the folder
         tokenizer, how = obtain_tokenizer(cfg, run, train)
+        check_control_tokens(cfg, tokenizer)
         stats = [_encode(cfg, run, spool, tokenizer, writers, workers) for spool in spooled.values()]
         run.config.unlink(missing_ok=True)  # until it is written again, the folder reads as half-prepared
         for writer in writers.values():
@@ -170,7 +175,9 @@ def _encode(cfg: Config, run: RunDir, spooled: Spooled, tokenizer: Tokenizer, wr
     dtype = ids_dtype(max(tokenizer.src_vocab_size, tokenizer.tgt_vocab_size))
     writers[name] = writer = SplitWriter(run.split(name), dtype, spooled.alignments)
     filters = Filters(cfg.data.max_len, cfg.data.max_ratio) if is_train else Filters()
-    counts = encode_spooled(spooled, tokenizer, filters, writer, workers)
+    counts, per_corpus = encode_spooled(spooled, tokenizer, filters, writer, workers)
+    if len(per_corpus) > 1:
+        writer.corpora = per_corpus
     if is_train:
         if counts.kept == 0:
             raise DataError(f"train: no training pairs left ({_reasons(counts.dropped)})")
@@ -182,17 +189,30 @@ def _encode(cfg: Config, run: RunDir, spooled: Spooled, tokenizer: Tokenizer, wr
                       counts.unk_rate("src"), counts.unk_rate("tgt"))
 
 
+def check_control_tokens(cfg: Config, tokenizer: Tokenizer) -> None:
+    """ConfigError naming the setting whose control token (a target language's ``<2xx>``, a tag) the
+    tokenizer does not keep as one piece: a tokenizer trained before the corpus was listed, or given."""
+    for token in cfg.data.control_tokens():
+        if not tokenizer.single_piece(token):
+            how = ("tokenizer.src_model was trained without it" if cfg.tokenizer.src_model is not None
+                   else "this run's tokenizer was trained before it was listed: prepare another --run-dir")
+            raise ConfigError(f"data.train: the control token {token} is not one piece of the tokenizer "
+                              f"({how})")
+
+
 def check_sources_outside(cfg: Config, run: RunDir) -> None:
     """A ConfigError naming the key of a corpus file that lies in ``run``'s data, tokenizer or checkpoint
     folders: preparing replaces those folders whole, and the corpus with them."""
     replaced = [os.path.realpath(folder) for folder in (run.data, run.tokenizer, run.checkpoints)]
-    for split in ("train", "dev", "test"):
-        source = getattr(cfg.data, split)
+    named = [(f"train.{i}." if len(cfg.data.corpora()) > 1 else "train.", source)
+             for i, source in enumerate(cfg.data.corpora())]
+    named += [(f"{split}.", getattr(cfg.data, split)) for split in ("dev", "test")]
+    for name, source in named:
         for key, value in source if source is not None else ():  # a pydantic model yields (key, value)
             for path in value if isinstance(value, list) else [value]:
                 if isinstance(path, Path) and any(Path(os.path.realpath(path)).is_relative_to(folder)
                                                   for folder in replaced):
-                    raise ConfigError(f"data.{split}.{key}: {path} is inside the run folder {run.root}'s "
+                    raise ConfigError(f"data.{name}{key}: {path} is inside the run folder {run.root}'s "
                                       "own folders, which prepare replaces; keep the corpus outside them")
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from .batching import EncodedSplit
+from .batching import EncodedSplit, TokenBatchSampler
 from .checkpoint import diff_dicts, load_model
 from .config import Config, load_config
 from .data import describe_source
@@ -149,3 +149,15 @@ def resampler(cfg: Config, train_data: EncodedSplit, tokenizer: Tokenizer) -> Su
     if cfg.tokenizer.sampling is None:
         return None
     return SubwordSampler(tokenizer, train_data, cfg.tokenizer.sampling, cfg.train.seed, longest_sampled(cfg))
+
+
+def train_sampler(cfg: Config, train: EncodedSplit, world_size: int, rank: int) -> TokenBatchSampler:
+    """The training batches: ``train.max_tokens`` each, dealt to ranks, whole accumulation steps; several
+    corpora with weights (``data.train``'s) drawn by them (``batching.corpus_draws``)."""
+    weights, corpora = cfg.data.weights(), train.corpora or [len(train)]
+    if weights is not None and len(corpora) != len(weights):
+        raise DataError(f"the prepared training data holds {len(corpora)} corpora, the config lists "
+                        f"{len(weights)}: run attnmt prepare again")
+    return TokenBatchSampler(train.lengths, cfg.train.max_tokens, cfg.train.seed, num_replicas=world_size,
+                             rank=rank, multiple_of=cfg.train.accum_steps,
+                             corpora=corpora if weights is not None else None, weights=weights)

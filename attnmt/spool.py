@@ -39,6 +39,7 @@ class Spooled:
     kept: int = 0
     dropped: dict[str, int] = field(default_factory=dict)
     alignments: bool = False
+    parts: list[int] = field(default_factory=list)  # the pairs kept of each corpus, in order (several: train)
 
 
 def _merge(total: dict[str, int], counts: dict[str, int]) -> None:
@@ -46,35 +47,48 @@ def _merge(total: dict[str, int], counts: dict[str, int]) -> None:
         total[reason] = total.get(reason, 0) + n
 
 
-def clean_chunk(rows: list[tuple[str, str, int, str | None]]) -> tuple[str, int, dict[str, int]]:
-    """The spool lines of a chunk's kept pairs, how many, and why the others were dropped."""
+def clean_chunk(task: tuple[list[tuple[str, str, int, str | None]], str]
+                ) -> tuple[str, int, dict[str, int]]:
+    """The spool lines of a chunk's kept pairs, how many, and why the others were dropped; the task is the
+    chunk's rows and the control tokens put before each kept source ("" for none)."""
+    rows, prefix = task
     out, dropped = [], {}
     for src, tgt, line, alignment in rows:
         src, tgt = clean(src), clean(tgt)
         reason = drop_reason(src, tgt)
         if reason is not None:
             dropped[reason] = dropped.get(reason, 0) + 1
-        elif alignment is None:
+            continue
+        src = f"{prefix} {src}" if prefix else src
+        if alignment is None:
             out.append(f"{line}\t{src}\t{tgt}\n")
         else:
             out.append(f"{line}\t{src}\t{tgt}\t{alignment}\n")
     return "".join(out), len(out), dropped
 
 
-def spool_split(source: Source, name: str, path: Path, workers: int) -> Spooled:
-    """Read ``source`` and write its cleaned pairs to ``path``; what was read, kept and dropped."""
-    spooled = Spooled(name, path, alignments=isinstance(source, ToySource))
-
-    def chunks() -> Iterator[list]:
-        for chunk in chunked(raw_pairs(source, name), CHUNK):
-            spooled.read += len(chunk)
-            yield chunk
-
+def spool_split(sources: Source | list[Source], name: str, path: Path, workers: int,
+                prefixes: list[str] | None = None) -> Spooled:
+    """Read ``sources`` (one corpus or several, one after another) and write their cleaned pairs to
+    ``path``, each source after its corpus's control tokens (``prefixes``, one per corpus); what was read,
+    kept and dropped, and how many pairs of each corpus were kept (``parts``)."""
+    corpora = sources if isinstance(sources, list) else [sources]
+    prefixes = prefixes or [""] * len(corpora)
+    spooled = Spooled(name, path, alignments=isinstance(corpora[0], ToySource))
     with open(path, "w", encoding="utf-8", newline="\n") as out:
-        for text, kept, dropped in ordered_map(clean_chunk, chunks(), workers):
-            out.write(text)
-            spooled.kept += kept
-            _merge(spooled.dropped, dropped)
+        for source, prefix in zip(corpora, prefixes):
+            kept_before = spooled.kept
+
+            def chunks(source=source, prefix=prefix) -> Iterator[tuple]:
+                for chunk in chunked(raw_pairs(source, name), CHUNK):
+                    spooled.read += len(chunk)
+                    yield chunk, prefix
+
+            for text, kept, dropped in ordered_map(clean_chunk, chunks(), workers):
+                out.write(text)
+                spooled.kept += kept
+                _merge(spooled.dropped, dropped)
+            spooled.parts.append(spooled.kept - kept_before)
     return spooled
 
 
@@ -140,10 +154,11 @@ def _tokenizer(models: tuple[bytes, bytes, bool]) -> Tokenizer:
     return _TOKENIZER[0]
 
 
-def encode_chunk(task: tuple[list[str], tuple[bytes, bytes, bool], Filters, str]) -> dict:
+def encode_chunk(task: tuple[list[str], tuple[bytes, bytes, bool], Filters, str, int]) -> dict:
     """A chunk of spool lines encoded and filtered: ``SplitWriter.append``'s arrays and texts of the kept
-    pairs, with ``dropped`` (reason -> count), ``unk`` (per side) and ``histogram`` (lengths, per side)."""
-    lines, models, filters, dtype = task
+    pairs, with ``dropped`` (reason -> count), ``unk`` (per side), ``histogram`` (lengths, per side) and
+    ``part`` (the task's last item: the corpus the lines are of)."""
+    lines, models, filters, dtype, part = task
     tokenizer = _tokenizer(models)
     rows = [line.rstrip("\n").split("\t") for line in lines]
     src_text, tgt_text = [r[1] for r in rows], [r[2] for r in rows]
@@ -151,7 +166,8 @@ def encode_chunk(task: tuple[list[str], tuple[bytes, bytes, bool], Filters, str]
     lengths = {side: np.fromiter(map(len, ids[side]), dtype=np.int64, count=len(rows)) for side in ids}
     keep, dropped = _filter(lengths["src"], lengths["tgt"], filters)
     kept = np.flatnonzero(keep).tolist()
-    out = {"dropped": dropped, "lines": np.array([int(rows[i][0]) for i in kept], dtype=np.int64),
+    out = {"part": part, "dropped": dropped,
+           "lines": np.array([int(rows[i][0]) for i in kept], dtype=np.int64),
            "src": [src_text[i] for i in kept], "tgt": [tgt_text[i] for i in kept], "unk": {}, "histogram": {}}
     if rows and len(rows[0]) > 3:
         out["alignment"] = [rows[i][3] for i in kept]
@@ -236,12 +252,30 @@ def histogram_percentile(counts: np.ndarray, p: float) -> int:
 
 
 def encode_spooled(spooled: Spooled, tokenizer: Tokenizer, filters: Filters, writer: SplitWriter,
-                   workers: int) -> Counts:
-    """Encode the spool of a split into ``writer`` (which the caller commits); its counts."""
+                   workers: int) -> tuple[Counts, list[int]]:
+    """Encode the spool of a split into ``writer`` (which the caller commits); its counts, and the pairs each
+    corpus of the spool's ``parts`` still has after the filters (a chunk never spans two corpora)."""
     models = (tokenizer.src_model, tokenizer.tgt_model, tokenizer.joint)
-    tasks = ((lines, models, filters, writer.dtype.name) for lines in spool_rows(spooled.path))
+    parts = spooled.parts or [spooled.kept]
+    tasks = ((lines, models, filters, writer.dtype.name, part)
+             for part, lines in _part_chunks(spooled.path, parts))
     counts = Counts(dict(spooled.dropped))  # cleaning's
+    kept = [0] * len(parts)
     for chunk in ordered_map(encode_chunk, tasks, workers):
         writer.append(chunk)
         counts.add(chunk)
-    return counts
+        kept[chunk["part"]] += len(chunk["lines"])
+    return counts, kept
+
+
+def _part_chunks(path: Path, parts: list[int]) -> Iterator[tuple[int, list[str]]]:
+    """(corpus, lines) chunks of the spool, at most ``CHUNK`` lines, none across two corpora."""
+    with open(path, encoding="utf-8", newline="\n") as spool:
+        for part, size in enumerate(parts):
+            left = size
+            while left:
+                lines = list(itertools.islice(spool, min(left, CHUNK)))
+                if not lines:
+                    return
+                left -= len(lines)
+                yield part, lines

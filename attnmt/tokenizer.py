@@ -28,8 +28,10 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def train_model(sentences: Sequence[str], cfg: TokenizerConfig, seed: int = 1) -> bytes:
-    """Train one sentencepiece model on ``sentences``; returns the serialized model."""
+def train_model(sentences: Sequence[str], cfg: TokenizerConfig, seed: int = 1,
+                symbols: Sequence[str] = ()) -> bytes:
+    """Train one sentencepiece model on ``sentences``; returns the serialized model. ``symbols``: control
+    tokens (``<2fr>``, tags) that are always one piece of their own (user-defined symbols)."""
     import sentencepiece as spm
 
     if len(sentences) > cfg.sample_size:
@@ -58,6 +60,7 @@ def train_model(sentences: Sequence[str], cfg: TokenizerConfig, seed: int = 1) -
             num_threads=2,
             max_sentence_length=1 << 14,
             minloglevel=2,
+            **({"user_defined_symbols": list(symbols)} if symbols else {}),
         )
     except RuntimeError as e:
         message = str(e).split("\n")[0]
@@ -134,6 +137,11 @@ class Tokenizer:
         """Detokenised text; special ids are dropped."""
         return self._tgt.decode([[i for i in seq if i > EOS_ID] for seq in ids])
 
+    def single_piece(self, token: str) -> bool:
+        """Whether the source model reads ``token`` as one piece of its own (a control token; at the start
+        of a sentence, after sentencepiece's word-start piece)."""
+        return self._src.piece_to_id(token) != UNK_ID and token in self._src.encode(token, out_type=str)
+
     def src_pieces(self, ids: list[int]) -> list[str]:
         return [self._src.id_to_piece(i) for i in ids]
 
@@ -172,10 +180,12 @@ def train_tokenizer(src: Sequence[str], tgt: Sequence[str], cfg: TokenizerConfig
     return train_on_samples([list(src) + list(tgt)] if cfg.joint else [src, tgt], cfg, seed)
 
 
-def train_on_samples(samples: Sequence[Sequence[str]], cfg: TokenizerConfig, seed: int = 1) -> Tokenizer:
+def train_on_samples(samples: Sequence[Sequence[str]], cfg: TokenizerConfig, seed: int = 1,
+                     symbols: Sequence[str] = ()) -> Tokenizer:
     """A tokenizer from one list of sentences (joint) or two (source, target), each sampled down to
-    ``cfg.sample_size`` as ``train_model`` does."""
-    models = [train_model(sentences, cfg, seed) for sentences in samples]
+    ``cfg.sample_size`` as ``train_model`` does; ``symbols`` (control tokens) in the source's model."""
+    models = [train_model(sentences, cfg, seed, symbols if k == 0 else ())
+              for k, sentences in enumerate(samples)]
     return Tokenizer(models[0], models[-1], joint=cfg.joint)
 
 

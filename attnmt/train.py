@@ -27,7 +27,7 @@ import torch
 
 from . import runstart
 from .averaging import average_newest, point_best
-from .batching import TokenBatchSampler, load_split
+from .batching import load_split
 from .checkpoint import (
     fingerprint,
     latest_checkpoint,
@@ -141,9 +141,7 @@ class Trainer:
             self.train_data.align, said = runstart.guided_links(self.cfg, run, self.train_data,
                                                                 self.tokenizer)
             self.log.show(Message(said))
-        self.sampler = TokenBatchSampler(self.train_data.lengths, self.tc.max_tokens, self.tc.seed,
-                                         num_replicas=self.dist.world_size, rank=self.dist.rank,
-                                         multiple_of=self.tc.accum_steps)
+        self.sampler = runstart.train_sampler(self.cfg, self.train_data, self.dist.world_size, self.dist.rank)
         self.steps_per_epoch = len(self.sampler) // self.tc.accum_steps
         self.total_steps = self.tc.max_steps or self.tc.max_epochs * self.steps_per_epoch
         self._build()

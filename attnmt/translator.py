@@ -79,6 +79,7 @@ class DecodeOverrides:
     max_tokens: int | None = None
     sampling: Sampling | None = None
     spelling: str = "cli"
+    tgt_lang: str | None = None  # a multilingual model's target language (``DataConfig.prefix_for``)
 
     def named(self, field_name: str) -> str:
         return "--" + field_name.replace("_", "-") if self.spelling == "cli" else field_name
@@ -138,6 +139,8 @@ class Translator:
     samples (in the order drawn) instead of a search; the draws follow ``sampling.seed``.
     """
 
+    source_prefix = ""  # control tokens before every source: a multilingual model's <2xx> (``--tgt-lang``)
+
     def __init__(self, model: TranslationModel, tokenizer: Tokenizer, decode: DecodeConfig,
                  device: torch.device | str = "cpu", sampling: Sampling | None = None) -> None:
         check_search_settings(max(decode.beam_size, decode.nbest) if sampling else decode.beam_size,
@@ -165,13 +168,17 @@ class Translator:
                                   overrides.sampling)
 
     def encode(self, lines: Sequence[str]) -> Sources:
-        """Clean, encode and cut each line; empty lines (after cleaning) are left out and counted."""
+        """Clean, encode and cut each line (after ``source_prefix``, as the training sources were); empty
+        lines (after cleaning) are left out and counted."""
         texts = [clean(line) for line in lines]
         todo = [i for i, text in enumerate(texts) if text]
-        encoded = self.tokenizer.encode_src([texts[i] for i in todo])
+        encoded = self.tokenizer.encode_src([self._prefixed(texts[i]) for i in todo])
         limit = self.decode.max_src_len
         truncated = {i for i, ids in zip(todo, encoded) if len(ids) > limit}
         return Sources([ids[:limit] for ids in encoded], todo, truncated, len(texts))
+
+    def _prefixed(self, text: str) -> str:
+        return f"{self.source_prefix} {text}" if self.source_prefix and text else text
 
     def search(self, src_ids: Sequence[Sequence[int]], need_attention: bool = False,
                prefixes: Sequence[Sequence[int]] | None = None,
@@ -323,8 +330,8 @@ class Translator:
 
     def encode_pairs(self, sources: Sequence[str], targets: Sequence[str]) -> tuple[list, list]:
         """Piece ids of given pairs: sources as ``translate`` reads them, targets cleaned, encoded whole."""
-        src_ids = [ids[: self.decode.max_src_len]
-                   for ids in self.tokenizer.encode_src([clean(s) for s in sources])] if sources else []
+        src_ids = [ids[: self.decode.max_src_len] for ids in
+                   self.tokenizer.encode_src([self._prefixed(clean(s)) for s in sources])] if sources else []
         tgt_ids = self.tokenizer.encode_tgt([clean(t) for t in targets]) if targets else []
         return src_ids, tgt_ids
 

@@ -59,12 +59,12 @@ def open_translator(model_path: Path, device: Device = Device.auto, overrides: D
                     *, ensemble: list[Path] | None = None, exports: bool = True):
     """Load MODEL for decoding: (Translator, config, checkpoint path). Decode settings are the model's
     ``decode`` section with the command line's ``overrides`` (``translator.DecodeOverrides``: beam, n-best,
-    length penalty, token budget, sampling); the model gets the CPU fast path (``fastpath.py``) and the
-    process keeps freed memory for reuse (``runtime.py``), as every decoding command does. ``ensemble``:
-    more models, with the same tokenizer (else a CheckpointError), averaged step by step with MODEL
-    (``models.Ensemble``); MODEL's decode settings apply. A folder ``attnmt export`` wrote decodes through
-    CTranslate2 (``open_export``) unless ``exports`` is False (commands that read the attention: a
-    CheckpointError then)."""
+    length penalty, token budget, sampling, a multilingual model's target language: ``source_prefix``); the
+    model gets the CPU fast path (``fastpath.py``) and the process keeps freed memory for reuse
+    (``runtime.py``), as every decoding command does. ``ensemble``: more models, with the same tokenizer
+    (else a CheckpointError), averaged step by step with MODEL (``models.Ensemble``); MODEL's decode
+    settings apply. A folder ``attnmt export`` wrote decodes through CTranslate2 (``open_export``) unless
+    ``exports`` is False (commands that read the attention: a CheckpointError then)."""
     from .. import checkpoint, fastpath
     from ..distributed import choose_device
     from ..runtime import keep_freed_memory
@@ -93,7 +93,9 @@ def open_translator(model_path: Path, device: Device = Device.auto, overrides: D
             members.append(member)
         model = Ensemble(members).eval()
     decode = overrides.apply(cfg.decode, tokenizer.tgt_vocab_size)
-    return Translator(model, tokenizer, decode, dev, overrides.sampling), cfg, path
+    translator = Translator(model, tokenizer, decode, dev, overrides.sampling)
+    translator.source_prefix = cfg.data.prefix_for(overrides.tgt_lang, overrides.named("tgt_lang"))
+    return translator, cfg, path
 
 
 def open_for_attention(model_path: Path, device: Device, beam_size: int | None):
@@ -115,7 +117,9 @@ def open_export(folder: Path, dev, overrides: DecodeOverrides, ensemble: list[Pa
     export = read_export(folder)
     _, cfg, tokenizer = export
     decode = overrides.apply(cfg.decode, tokenizer.tgt_vocab_size)
-    return Ct2Translator(folder, decode, dev, overrides.sampling, export=export), cfg, Path(folder)
+    translator = Ct2Translator(folder, decode, dev, overrides.sampling, export=export)
+    translator.source_prefix = cfg.data.prefix_for(overrides.tgt_lang, overrides.named("tgt_lang"))
+    return translator, cfg, Path(folder)
 
 
 class FileProgress:

@@ -70,6 +70,9 @@ def translate(
                                                      "hold, one input line's per line, tab-separated (an "
                                                      "empty line: none); beam search makes room for them.",
                                                      show_default=False)] = None,
+    tgt_lang: Annotated[str | None, typer.Option("--tgt-lang", help="A multilingual model's target "
+                                                 "language (default: its data.tgt_lang).",
+                                                 show_default=False)] = None,
     device: DeviceOpt = "auto",
 ) -> None:
     """Translate sentences, a file or stdin; one output line per input line, in input order.
@@ -80,14 +83,12 @@ def translate(
     from ..translator import DecodeOverrides
 
     draw = _sampling(sampling, beam_size, temperature, top_k, top_p, seed)
-    if draw is not None and constraints is not None:
-        raise ConfigError("--constraints needs a search: it cannot be used with --sampling")
     total = count_lines(input_) if input_ is not None else 0  # None for a pipe: progress without a total
     lines = sentences_or_input(sentences, input_)
     count = len(sentences) if sentences else total if input_ else None
-    lines, prefixes, phrases = _controls(lines, count, prefix, constraints,
+    lines, prefixes, phrases = _controls(lines, count, prefix, constraints, draw is not None,
                                          stdin_input=not sentences and (input_ is None or str(input_) == "-"))
-    overrides = DecodeOverrides(beam_size, nbest, length_penalty, max_tokens, draw)
+    overrides = DecodeOverrides(beam_size, nbest, length_penalty, max_tokens, draw, tgt_lang=tgt_lang)
     translator, _, _ = open_translator(model, device, overrides, ensemble=ensemble)
     with FileProgress(total, "translating", show=input_ is not None and str(input_) != "-") as progress:
         chunks = translator.translate_stream(lines, CHUNK_LINES, prefixes, scores is not None, phrases)
@@ -153,10 +154,13 @@ def _scored_lines(translator, sources: list[str], targets: list[str], as_json: b
 
 
 def _controls(lines: Iterable[str], count: int | None, prefix: Path | None, constraints: Path | None,
-              stdin_input: bool) -> tuple[Iterable[str], list[str] | None, list[list[str]] | None]:
+              sampling: bool, stdin_input: bool
+              ) -> tuple[Iterable[str], list[str] | None, list[list[str]] | None]:
     """``translate --prefix`` and ``--constraints``: the input lines (checked against both files' line
     counts, ``_per_line``), the prefixes and each line's phrases (tab-separated). ConfigError where two of
-    the input and these files would read stdin."""
+    the input and these files would read stdin, and for constraints with sampling."""
+    if sampling and constraints is not None:
+        raise ConfigError("--constraints needs a search: it cannot be used with --sampling")
     readers = (["the input"] if stdin_input else []) + [
         f"{flag} -" for flag, path in (("--prefix", prefix), ("--constraints", constraints))
         if path is not None and str(path) == "-"]
@@ -239,8 +243,9 @@ def eval_(
     lowercase: Annotated[bool, typer.Option("--lowercase", "-lc", help="Case-insensitive scores.")] = False,
     tokenize: Annotated[BleuTokenizer | None, typer.Option(
         "--tokenize", help="BLEU tokenizer (default: from the target language, else 13a).")] = None,
-    tgt_lang: Annotated[str | None, typer.Option("--tgt-lang", help="Target language code "
-                                                 "(picks BLEU's tokenizer, e.g. zh).")] = None,
+    tgt_lang: Annotated[str | None, typer.Option("--tgt-lang", help="Target language code (picks BLEU's "
+                                                 "tokenizer, e.g. zh; and a multilingual model's "
+                                                 "output language).")] = None,
     json_: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
     ensemble: Annotated[list[Path] | None, typer.Option("--ensemble", help="Another model to average with "
                                                         "MODEL step by step (repeat for more; one "
@@ -272,7 +277,7 @@ def eval_(
     else:
         from ..translator import DecodeOverrides
 
-        overrides = DecodeOverrides(beam_size, 1, length_penalty, max_tokens)
+        overrides = DecodeOverrides(beam_size, 1, length_penalty, max_tokens, tgt_lang=tgt_lang)
         translator, cfg, _ = open_translator(model, device, overrides, ensemble=ensemble)
         lang = tgt_lang or cfg.data.tgt_lang
         bleu_tokenize(lang, bleu)  # a scorer that cannot run is refused before the translating

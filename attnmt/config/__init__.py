@@ -15,99 +15,29 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 from pydantic import StrictBool as Bool
 from pydantic import StrictInt as Int
-from pydantic import StrictStr as Str
 
-from .choices import Device
-from .config_errors import describe
-from .errors import ConfigError
-from .languages import tokenizer_defaults
-from .model_config import Float as Float  # re-exported: the model section and the shared types live there
-from .model_config import LSTMConfig as LSTMConfig
-from .model_config import ModelConfig, PositiveInt, Probability, Probability1, Section
-from .model_config import TransformerConfig as TransformerConfig
-from .yaml12 import parse_yaml, read_yaml_file
+from ..choices import Device
+from ..config_errors import describe
+from ..errors import ConfigError
+from ..languages import tokenizer_defaults
+from ..model_config import Float as Float  # re-exported: the model section and the shared types live there
+from ..model_config import LSTMConfig as LSTMConfig
+from ..model_config import ModelConfig, PositiveInt, Probability, Probability1, Section
+from ..model_config import TransformerConfig as TransformerConfig
+from ..yaml12 import parse_yaml, read_yaml_file
+from .data import DataConfig as DataConfig  # re-exported: the data section lives in config/data.py
+from .data import HfSource as HfSource
+from .data import JsonlSource as JsonlSource
+from .data import Source as Source
+from .data import TextSource as TextSource
+from .data import ToySource as ToySource
+from .data import TsvSource as TsvSource
+from .data import check_corpora
 
 # ------------------------------------------------------------------------------------ the sections
-
-
-class TextSource(Section):
-    """Two aligned text files, one sentence per line, plain or gzipped."""
-
-    format: Literal["text"] = "text"
-    src: Path
-    tgt: Path
-
-
-class TsvSource(Section):
-    """One tab-separated file; columns are counted from 0."""
-
-    format: Literal["tsv"]
-    path: Path
-    src_column: Annotated[int, Field(strict=True, ge=0)] = 0
-    tgt_column: Annotated[int, Field(strict=True, ge=0)] = 1
-
-
-class JsonlSource(Section):
-    """One JSON object per line; fields may be dotted (``translation.de``)."""
-
-    format: Literal["jsonl"]
-    path: Path
-    src_field: Str
-    tgt_field: Str
-
-
-class HfSource(Section):
-    """A Hugging Face dataset: a hub name, or a builder (json, csv, parquet, arrow) with local data files."""
-
-    format: Literal["hf"]
-    name: Str
-    data_files: Path | list[Path] | None = None
-    config_name: Str | None = None
-    split: Str = "train"
-    src_field: Str
-    tgt_field: Str
-
-
-class ToySource(Section):
-    """The embedded default: generated date-translation pairs (see ``toy.toy_pairs``)."""
-
-    format: Literal["toy"]
-    split: Literal["train", "dev", "test"]
-    size: PositiveInt
-    seed: Int = 1
-    lang: Literal["de", "zh"] = "de"
-    """The target language: German, or Chinese (``toy.py``)."""
-
-
-def _source_tag(value: Any) -> str:
-    if isinstance(value, dict):
-        fmt = value.get("format", "text")
-        return fmt if isinstance(fmt, str) else "text"
-    return getattr(value, "format", "text")
-
-
-Source = Annotated[Annotated[TextSource, Tag("text")] | Annotated[TsvSource, Tag("tsv")]
-                   | Annotated[JsonlSource, Tag("jsonl")] | Annotated[HfSource, Tag("hf")]
-                   | Annotated[ToySource, Tag("toy")],
-                   Discriminator(_source_tag, custom_error_type="invalid_format",
-                                 custom_error_message="format must be one of text, tsv, jsonl, hf, toy")]
-
-
-class DataConfig(Section):
-    src_lang: Str = "src"
-    tgt_lang: Str = "tgt"
-    train: Source
-    dev: Source | None = None
-    test: Source | None = None
-    max_len: PositiveInt = 128
-    """Pairs with more subword pieces than this on either side are dropped from training."""
-    max_ratio: Annotated[float, Field(strict=True, ge=1.0, allow_inf_nan=False)] = 3.0
-    """Pairs whose piece counts differ by more than this factor are dropped from training."""
-    max_dropped_fraction: Annotated[float, Field(strict=True, ge=0.0, le=1.0, allow_inf_nan=False)] = 0.5
-    """Stop with an error when cleaning drops more than this fraction of the training pairs."""
 
 
 class SamplingConfig(Section):
@@ -277,7 +207,7 @@ class Config(Section):
 
 
 # The tags of the config's unions (data sources, model architectures), which pydantic puts in error locations.
-UNION_TAGS = frozenset({"text", "tsv", "jsonl", "hf", "toy", "lstm", "transformer"})
+UNION_TAGS = frozenset({"text", "tsv", "jsonl", "hf", "toy", "lstm", "transformer", "one", "many"})
 
 
 # -------------------------------------------------------------------------------------- load_config
@@ -323,7 +253,8 @@ def _resolve_defaults(cfg: Config, source: str, lines: dict[tuple[str, ...], int
     a shared embedding over separate vocabularies is refused (it would tie unrelated pieces)."""
     _resolve_alignment(cfg, source, lines, overrides)
     _check_sampling(cfg, source, lines, overrides)
-    tok, langs = cfg.tokenizer, (cfg.data.src_lang, cfg.data.tgt_lang)
+    check_corpora(cfg.data, lambda key: _where(key, source, lines, overrides))
+    tok, langs = cfg.tokenizer, cfg.data.languages()
     for key, value in tokenizer_defaults(langs).items():
         if getattr(tok, key) is None:
             setattr(tok, key, value)
@@ -367,11 +298,16 @@ def _resolve_alignment(cfg: Config, source: str, lines: dict[tuple[str, ...], in
         raise ConfigError(f"{_where('train.alignment.heads', source, lines, overrides)}: {guided.heads}, but "
                           f"the model has {n_heads} head(s) per layer (1..{n_heads})")
     guided.heads = sorted(set(guided.heads))
-    if guided.path is None and cfg.data.train.format == "toy" and cfg.data.train.lang == "zh":
+    corpora = cfg.data.corpora()
+    if len(corpora) > 1:
+        raise ConfigError(f"{_where('train.alignment', source, lines, overrides)}: guided alignment reads "
+                          f"one training corpus's alignments, and data.train lists {len(corpora)}")
+    train = corpora[0]
+    if guided.path is None and train.format == "toy" and train.lang == "zh":
         raise ConfigError(f"{_where('train.alignment', source, lines, overrides)}: the Chinese toy task's "
                           "alignments count segmented words, but its training text is unsegmented "
                           "(characters); give a path")
-    if guided.path is None and cfg.data.train.format != "toy":
+    if guided.path is None and train.format != "toy":
         raise ConfigError(f"{_where('train.alignment', source, lines, overrides)}: path is required "
                           "(the alignments of data.train, one Pharaoh line per line); only the toy task "
                           "brings its own")
@@ -426,6 +362,10 @@ def _resolve_paths(model: BaseModel, base: Path, prefix: str = "",
             object.__setattr__(model, name, _absolute(value, root, where(key)))
         elif isinstance(value, list) and value and all(isinstance(v, Path) for v in value):
             object.__setattr__(model, name, [_absolute(v, root, where(key)) for v in value])
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                if isinstance(item, BaseModel):
+                    _resolve_paths(item, base, f"{key}.{i}.", from_shell, where)
 
 
 def _absolute(path: Path, base: Path, where: str = "path") -> Path:
