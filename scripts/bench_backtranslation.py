@@ -1,0 +1,110 @@
+"""Tagged back-translation (Caswell et al. 2019) on Multi30k, German to English, at equal minutes.
+
+    python scripts/bench_backtranslation.py --data ../shared/data/multi30k --minutes 5 \\
+        --run-root ../runs/bench_backtranslation
+
+The training captions are cut in two halves: the first is the parallel data, the second's English side
+plays the monolingual text (its German side is never read). The recipe: train English to German on the
+parallel half; translate the monolingual English into German with ``translate --sampling`` (samples,
+not the beam's best, as Edunov et al. 2018 advise); then train German to English twice for the same
+minutes, on the parallel half alone and with the back-translations added as a second corpus tagged
+``<bt>`` (``data.train: [{...}, {..., tag: <bt>, weight: W}]``), and score both on the test set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+BASE = REPO / "configs" / "multi30k_de_en_transformer.yaml"
+
+
+def attnmt(*args) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "attnmt", *map(str, args)]
+    print("$", " ".join(command[2:]), flush=True)
+    keep = args[0] == "eval"
+    result = subprocess.run(command, cwd=REPO, text=True, stdout=subprocess.PIPE if keep else None)
+    if result.returncode != 0:
+        sys.exit(f"attnmt {args[0]} failed (exit {result.returncode})")
+    return result
+
+
+def halves(data: Path, root: Path) -> dict[str, Path]:
+    """The parallel half (de, en) and the monolingual half's English, as files under ``root``."""
+    out = {name: root / f"{name}.txt" for name in ("parallel.de", "parallel.en", "mono.en")}
+    if all(p.exists() for p in out.values()):
+        return out
+    sides = {lang: gzip.open(data / f"train.{lang}.gz", "rt", encoding="utf-8").read().splitlines()
+             for lang in ("de", "en")}
+    half = len(sides["en"]) // 2
+    out["parallel.de"].write_text("\n".join(sides["de"][:half]) + "\n", encoding="utf-8")
+    out["parallel.en"].write_text("\n".join(sides["en"][:half]) + "\n", encoding="utf-8")
+    out["mono.en"].write_text("\n".join(sides["en"][half:]) + "\n", encoding="utf-8")
+    return out
+
+
+def write_config(base: dict, root: Path, name: str, train, src: str, tgt: str, data: Path,
+                 minutes: float) -> Path:
+    config = json.loads(json.dumps(base))
+    test = {"src": str(data / f"test_2016_flickr.{src}.gz"), "tgt": str(data / f"test_2016_flickr.{tgt}.gz")}
+    config["data"].update(src_lang=src, tgt_lang=tgt, train=train, test=test,
+                          dev={"src": str(data / f"val.{src}.gz"), "tgt": str(data / f"val.{tgt}.gz")})
+    config["train"].update(max_minutes=minutes, max_epochs=1_000_000, max_steps=0, run_dir=str(root / name))
+    path = root / f"{name}.json"
+    path.write_text(json.dumps(config, indent=1), encoding="utf-8")
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, required=True, help="The Multi30k folder (train.de.gz, ...).")
+    parser.add_argument("--minutes", type=float, required=True, help="Training minutes of each model.")
+    parser.add_argument("--weight", type=float, default=1.0, help="The back-translations' weight (the "
+                        "parallel corpus has 1).")
+    parser.add_argument("--run-root", type=Path, default=REPO / "runs" / "bench_backtranslation")
+    parser.add_argument("--json", type=Path, help="Write the results here too.")
+    args = parser.parse_args()
+    root, data = args.run_root.resolve(), args.data.resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    base = yaml.safe_load(BASE.read_text(encoding="utf-8"))
+    files = halves(data, root)
+    parallel = {"src": str(files["parallel.de"]), "tgt": str(files["parallel.en"])}
+    reverse = {"src": str(files["parallel.en"]), "tgt": str(files["parallel.de"])}
+    attnmt("train", write_config(base, root, "en-de", reverse, "en", "de", data, args.minutes))
+    bt = root / "mono.bt.de"
+    if not bt.exists():
+        attnmt("translate", root / "en-de", "-i", files["mono.en"], "-o", bt, "--sampling", "--seed", "1")
+    tagged = {"src": str(bt), "tgt": str(files["mono.en"]), "tag": "<bt>", "weight": args.weight}
+    runs = {"parallel only": write_config(base, root, "de-en", parallel, "de", "en", data, args.minutes),
+            "+ tagged back-translation": write_config(base, root, "de-en-bt", [{**parallel, "weight": 1.0},
+                                                                                tagged],
+                                                      "de", "en", data, args.minutes)}
+    rows = []
+    for name, config in runs.items():
+        attnmt("train", config)
+        run = Path(json.loads(config.read_text(encoding="utf-8"))["train"]["run_dir"])
+        found = attnmt("eval", run, "--src", data / "test_2016_flickr.de.gz", "--ref",
+                       data / "test_2016_flickr.en.gz", "--metrics", "bleu,chrf", "--json")
+        scores = {s["metric"]: s["score"] for s in json.loads(found.stdout)}
+        rows.append({"run": name, **scores})
+        print(rows[-1], flush=True)
+    print(f"\nGerman to English, {args.minutes:g} minutes each; back-translation weight {args.weight:g}")
+    print("\n| training data | BLEU | chrF |\n| --- | --- | --- |")
+    for row in rows:
+        print(f"| {row['run']} | {row['bleu']:.2f} | {row['chrf']:.2f} |")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    main()

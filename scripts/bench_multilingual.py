@@ -1,0 +1,120 @@
+"""Many languages in one model beside one model per pair, at equal minutes: for each pair (``--pairs de-en
+de-fr en-fr``) a single-pair model trained ``--minutes``, and one multilingual model over every pair
+trained ``--minutes`` x pairs, all from the same base config (its model and training settings;
+``configs/multi30k_multilingual_transformer.yaml``); each pair's BLEU and chrF on the Multi30k test set
+(``attnmt eval --tgt-lang``).
+
+    python scripts/bench_multilingual.py --data ../shared/data/multi30k --pairs de-en de-fr en-fr \\
+        --minutes 5 --run-root ../runs/bench_multilingual
+
+The runs go one after the other (give the machine to them alone); a run folder that exists is continued,
+so an interrupted benchmark goes on where it stopped. The single-pair models keep the base config's
+vocabulary size; the multilingual one has one joint tokenizer over every language.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+BASE = REPO / "configs" / "multi30k_multilingual_transformer.yaml"
+
+
+def attnmt(*args) -> subprocess.CompletedProcess:
+    """``python -m attnmt ARGS`` in a child process (stdout kept for eval, shown otherwise)."""
+    command = [sys.executable, "-m", "attnmt", *map(str, args)]
+    print("$", " ".join(command[2:]), flush=True)
+    keep = args[0] == "eval"
+    result = subprocess.run(command, cwd=REPO, text=True, stdout=subprocess.PIPE if keep else None)
+    if result.returncode != 0:
+        sys.exit(f"attnmt {args[0]} failed (exit {result.returncode})")
+    return result
+
+
+def corpus(data: Path, split: str, src: str, tgt: str, langs: bool = True) -> dict:
+    files = {"src": str(data / f"{split}.{src}.gz"), "tgt": str(data / f"{split}.{tgt}.gz")}
+    return {**files, "src_lang": src, "tgt_lang": tgt} if langs else files
+
+
+def write_config(base: dict, root: Path, name: str, pairs: list[tuple[str, str]], data: Path,
+                 minutes: float) -> Path:
+    """The base config with ``pairs`` as its training corpora (a single pair: a plain one-corpus config),
+    the first pair's dev and test sets, and ``minutes`` of training."""
+    config = json.loads(json.dumps(base))
+    (src, tgt), single = pairs[0], len(pairs) == 1
+    config["data"].update(src_lang=src, tgt_lang=tgt, dev=corpus(data, "val", src, tgt, False),
+                          test=corpus(data, "test_2016_flickr", src, tgt, False),
+                          train=corpus(data, "train", src, tgt, False) if single else
+                          [corpus(data, "train", s, t) for s, t in pairs])
+    if single:
+        config["tokenizer"]["vocab_size"] = 8000  # the single-pair recipe's
+    config["train"].update(max_minutes=minutes, max_epochs=1_000_000, max_steps=0,
+                           run_dir=str(root / name))
+    path = root / f"{name}.json"
+    path.write_text(json.dumps(config, indent=1), encoding="utf-8")
+    return path
+
+
+def score(run: Path, data: Path, src: str, tgt: str) -> dict:
+    found = attnmt("eval", run, "--src", data / f"test_2016_flickr.{src}.gz", "--ref",
+                   data / f"test_2016_flickr.{tgt}.gz", "--tgt-lang", tgt, "--metrics", "bleu,chrf", "--json")
+    return {s["metric"]: s["score"] for s in json.loads(found.stdout)}
+
+
+def steps_of(run: Path) -> int:
+    from attnmt.checkpoint import read_pointer
+    from attnmt.runfiles import RunDir
+
+    return int(read_pointer(RunDir(run), "latest")["file"].removeprefix("step_").removesuffix(".pt"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, required=True, help="The Multi30k folder (train.de.gz, ...).")
+    parser.add_argument("--pairs", nargs="+", default=["de-en", "de-fr", "en-fr"])
+    parser.add_argument("--minutes", type=float, required=True, help="Training minutes per pair.")
+    parser.add_argument("--base", type=Path, default=BASE)
+    parser.add_argument("--run-root", type=Path, default=REPO / "runs" / "bench_multilingual")
+    parser.add_argument("--json", type=Path, help="Write the results here too.")
+    args = parser.parse_args()
+    pairs = [tuple(p.split("-")) for p in args.pairs]
+    if any(len(p) != 2 for p in pairs):
+        parser.error("--pairs: each as SRC-TGT, e.g. de-en")
+    root, data = args.run_root.resolve(), args.data.resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    base = yaml.safe_load(args.base.read_text(encoding="utf-8"))
+    multi = write_config(base, root, "multilingual", pairs, data, args.minutes * len(pairs))
+    attnmt("train", multi)
+    rows = []
+    for src, tgt in pairs:
+        name = f"{src}-{tgt}"
+        single = write_config(base, root, name, [(src, tgt)], data, args.minutes)
+        attnmt("train", single)
+        rows.append({"pair": name, "single": score(root / name, data, src, tgt),
+                     "multilingual": score(root / "multilingual", data, src, tgt),
+                     "single_steps": steps_of(root / name)})
+        print(rows[-1], flush=True)
+    total = args.minutes * len(pairs)
+    print(f"\n{args.minutes:g} minutes per pair; the multilingual model {total:g} minutes, "
+          f"{steps_of(root / 'multilingual')} steps")
+    print("\n| pair | single-pair BLEU | multilingual BLEU | difference | single chrF | multilingual chrF |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for row in rows:
+        s, m = row["single"], row["multilingual"]
+        print(f"| {row['pair']} | {s['bleu']:.2f} | {m['bleu']:.2f} | {m['bleu'] - s['bleu']:+.2f} | "
+              f"{s['chrf']:.2f} | {m['chrf']:.2f} |")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    main()
