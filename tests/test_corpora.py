@@ -1,0 +1,181 @@
+"""Several training corpora (``data.train`` as a list): languages, weights and tags.
+
+Oracles: the corpora's pairs counted by hand (each corpus's share of the prepared split, its control
+tokens before every source); a chi-square bound on the examples an epoch draws from each weighted corpus
+(the counts of a multinomial draw); the same draws for the same (seed, epoch) and others for another;
+the source ids a multilingual model reads beginning with its target language's piece. Bad input: one
+line naming the key (config) or the option (``--tgt-lang``, exit 2).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from helpers import TINY_MODELS, TINY_TRAIN, assert_one_error_line, train_cli
+
+from attnmt.batching import TokenBatchSampler, corpus_draws
+from attnmt.config import config_from_dict
+from attnmt.errors import ConfigError
+
+TOY = {"format": "toy", "split": "train"}
+
+
+def data_config(train, **more) -> dict:
+    return {"data": {"src_lang": "en", "tgt_lang": "de", "train": train, **more}, "model": {"arch": "lstm"}}
+
+
+# ----------------------------------------------------------------- the config
+
+
+def test_one_corpus_is_a_list_of_one_and_not_multilingual():
+    cfg = config_from_dict(data_config({**TOY, "size": 10}))
+    assert len(cfg.data.corpora()) == 1 and not cfg.data.multilingual
+    assert cfg.data.control_tokens() == [] and cfg.data.weights() is None
+    assert cfg.data.source_prefix(cfg.data.train) == ""
+
+
+def test_corpora_into_several_languages_make_a_multilingual_model():
+    train = [{**TOY, "size": 10, "tgt_lang": "de"}, {**TOY, "size": 10, "lang": "zh", "tgt_lang": "zh"},
+             {**TOY, "size": 5, "tag": "<bt>", "weight": 3}]
+    cfg = config_from_dict(data_config(train))
+    data = cfg.data
+    assert data.target_languages() == ["de", "zh"] and data.multilingual
+    assert data.control_tokens() == ["<2de>", "<2zh>", "<bt>"]
+    assert [data.source_prefix(c) for c in data.corpora()] == ["<2de>", "<2zh>", "<2de> <bt>"]
+    assert data.weights() == [1.0, 1.0, 3.0]
+    assert data.prefix_for("zh", "--tgt-lang") == "<2zh>" and data.prefix_for(None, "--tgt-lang") == "<2de>"
+    with pytest.raises(ConfigError, match=r"^--tgt-lang fr: this model translates into de, zh only$"):
+        data.prefix_for("fr", "--tgt-lang")
+    assert cfg.tokenizer.byte_fallback  # a Chinese corpus sets the tokenizer's CJK defaults
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"train": [{**TOY, "size": 5, "srcc": 1}]}, "data.train.0.srcc: unknown key"),
+    ({"train": []}, "data.train: must not be empty"),
+    ({"train": [{**TOY, "size": 5, "tag": "a b"}]}, "data.train.0.tag: 'a b' is not one token"),
+    ({"train": [{**TOY, "size": 5, "tgt_lang": "f r"}]},
+     "data.train.0.tgt_lang: 'f r' is not a language code"),
+    ({"train": [{**TOY, "size": 5, "weight": 0}]}, "data.train.0.weight: must be > 0.0, got 0"),
+    ({"train": {**TOY, "size": 5}, "dev": {**TOY, "size": 5, "weight": 2}},
+     "data.dev.weight: only training corpora have a weight"),
+    ({"train": {**TOY, "size": 5}, "test": {**TOY, "size": 5, "tag": "<x>"}},
+     "data.test.tag: only training corpora have a tag"),
+    ({"train": [{**TOY, "size": 5, "tgt_lang": "de"}, {**TOY, "size": 5, "tgt_lang": "fr"}],
+      "dev": {**TOY, "size": 5, "tgt_lang": "es"}},
+     "data.dev.tgt_lang: es, but the training corpora go into de, fr"),
+])
+def test_bad_corpora_name_their_key(data, message):
+    config = data_config(None)
+    config["data"].update(data)
+    with pytest.raises(ConfigError) as found:
+        config_from_dict(config)
+    assert message in str(found.value)
+
+
+def test_guided_alignment_needs_one_corpus():
+    config = data_config([{**TOY, "size": 5}, {**TOY, "size": 5, "seed": 2}])
+    config["train"] = {"alignment": {}}
+    with pytest.raises(ConfigError, match="train.alignment: guided alignment reads one training corpus"):
+        config_from_dict(config)
+
+
+# ----------------------------------------------------------------- the draws
+
+
+def test_weighted_draws_follow_the_weights_within_a_chi_square_bound():
+    sizes, weights = [3000, 1000, 500], [1.0, 3.0, 1.0]
+    starts, n = np.cumsum([0] + sizes[:-1]), sum(sizes)
+    expected = n * np.array(weights) / sum(weights)
+    for epoch in range(5):
+        drawn = corpus_draws(sizes, weights, np.random.default_rng([1, epoch]))
+        assert len(drawn) == n and drawn.min() >= 0 and drawn.max() < n
+        observed = np.array([np.count_nonzero((drawn >= s) & (drawn < s + size))
+                             for s, size in zip(starts, sizes)])
+        chi2 = float(((observed - expected) ** 2 / expected).sum())
+        assert chi2 < 13.82, (observed, expected)  # chi-square, 2 degrees of freedom, p = 0.001
+        # The small corpus (500 pairs, 1,100 draws expected) goes round more than twice, evenly.
+        small = np.bincount(drawn[drawn >= starts[2]] - starts[2], minlength=500)
+        assert small.max() - small.min() <= 1
+
+
+def test_draws_repeat_with_the_seed_and_epoch_and_skip_an_empty_corpus():
+    sizes, weights = [100, 0, 50], [1.0, 5.0, 1.0]
+    first = corpus_draws(sizes, weights, np.random.default_rng([3, 0]))
+    assert np.array_equal(first, corpus_draws(sizes, weights, np.random.default_rng([3, 0])))
+    assert not np.array_equal(first, corpus_draws(sizes, weights, np.random.default_rng([3, 1])))
+    assert len(first) == 150
+
+
+def test_a_weighted_sampler_draws_its_epochs_and_an_unweighted_one_takes_each_pair_once():
+    lengths = np.full(600, 5)
+    plain = TokenBatchSampler(lengths, 100, seed=1)
+    assert sorted(np.concatenate(plain.batches(0)).tolist()) == list(range(600))
+    weighted = TokenBatchSampler(lengths, 100, seed=1, corpora=[500, 100], weights=[1.0, 1.0])
+    drawn = np.concatenate(weighted.batches(0))
+    assert len(drawn) == 600 and 200 < np.count_nonzero(drawn >= 500) < 400
+    with pytest.raises(ValueError, match="2 corpus weights"):
+        TokenBatchSampler(lengths, 100, corpora=[600], weights=[1.0, 2.0])
+
+
+# ----------------------------------------------------------------- prepare, train, translate
+
+
+@pytest.fixture(scope="module")
+def multilingual(tmp_path_factory):
+    """A tiny model trained 20 steps on two toy corpora, English to German and to Chinese, and a tagged
+    third; its run folder."""
+    root = tmp_path_factory.mktemp("multilingual")
+    config = {
+        "data": {"src_lang": "en", "tgt_lang": "de",
+                 "train": [{**TOY, "size": 120, "tgt_lang": "de"},
+                           {**TOY, "size": 120, "lang": "zh", "seed": 2, "tgt_lang": "zh", "weight": 2},
+                           {**TOY, "size": 40, "seed": 3, "tag": "<bt>"}],
+                 "dev": {"format": "toy", "split": "dev", "size": 10, "lang": "zh", "tgt_lang": "zh"}},
+        "tokenizer": {"vocab_size": 400},
+        "model": TINY_MODELS["transformer"],
+        "train": {**TINY_TRAIN, "max_steps": 20, "eval_every": 20, "save_every": 20},
+        "decode": {"max_len_b": 5},
+    }  # fmt: skip
+    path = root / "config.json"
+    path.write_text(json.dumps(config), encoding="utf-8")
+    result = train_cli(path, root / "run")
+    assert result.returncode == 0, result.stderr
+    return root / "run"
+
+
+def test_prepare_keeps_each_corpus_after_its_control_tokens(multilingual):
+    train = multilingual / "data" / "train"
+    meta = json.loads((train / "split.json").read_text(encoding="utf-8"))
+    assert meta["corpora"] == [120, 120, 40] and meta["rows"] == 280
+    lines = (train / "src.txt").read_text(encoding="utf-8").splitlines()
+    assert all(line.startswith("<2de> ") and not line.startswith("<2de> <bt>") for line in lines[:120])
+    assert all(line.startswith("<2zh> ") for line in lines[120:240])
+    assert all(line.startswith("<2de> <bt> ") for line in lines[240:])
+    dev = (multilingual / "data" / "dev" / "src.txt").read_text(encoding="utf-8").splitlines()
+    assert all(line.startswith("<2zh> ") for line in dev)
+
+
+def test_the_source_ids_start_with_the_chosen_language(multilingual):
+    from attnmt.cli.common import open_translator
+    from attnmt.translator import DecodeOverrides
+
+    for lang in ("de", "zh", None):
+        translator, _, _ = open_translator(multilingual, "cpu", DecodeOverrides(tgt_lang=lang))
+        pieces = translator.tokenizer.src_pieces(translator.encode(["may 22nd 2040"]).ids[0])
+        assert f"<2{lang or 'de'}>" in pieces[:2] and "<bt>" not in pieces
+        plain = translator.tokenizer.src_pieces(translator.tokenizer.encode_src(["may 22nd 2040"])[0])
+        assert pieces[-len(plain):] == plain
+
+
+def test_translate_refuses_a_language_the_model_was_not_trained_into(multilingual):
+    from typer.testing import CliRunner
+
+    from attnmt.cli import app
+
+    result = CliRunner().invoke(app, ["translate", str(multilingual), "may 22nd 2040", "--tgt-lang", "fr"])
+    assert result.exit_code == 2
+    assert "--tgt-lang fr: this model translates into de, zh only" in assert_one_error_line(result.stderr)
+    result = CliRunner().invoke(app, ["translate", str(multilingual), "may 22nd 2040", "--tgt-lang", "zh"])
+    assert result.exit_code == 0, result.output
