@@ -48,6 +48,7 @@ class Settings:
     length_penalty: float
     sampling: Sampling | None = None
     words: bool = False  # each output's word probabilities too
+    source_prefix: str = ""  # a multilingual model's target-language token (``Translator.source_prefix``)
 
 
 @dataclass

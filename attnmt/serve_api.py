@@ -32,10 +32,20 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    model_validator,
+)
 from starlette.requests import Request
 
 from .batcher import Settings
+from .config import DataConfig
 from .decode import Sampling
 from .errors import ConfigError
 from .translator import DecodeOverrides, Translator
@@ -65,6 +75,7 @@ class Served:
     log: Callable[[str], None]  # one access line (``AccessLog.write``)
     limits: Limits = field(default_factory=Limits)
     cut: bool = False  # a request was cancelled before it was answered (the shutdown ran out of time)
+    data: DataConfig | None = None  # the model's data section: its target languages (``tgt_lang``)
 
 
 class AccessLog:
@@ -121,6 +132,8 @@ class TranslateRequest(BaseModel):
                                            "sentence (\"\": none), as translate --prefix.")
     scores: Literal["words"] | None = Field(None, description="words: each output's words with their "
                                             "probabilities, as translate --scores words.")
+    tgt_lang: StrictStr | None = Field(None, description="A multilingual model's target language, as "
+                                       "translate --tgt-lang.")
 
     @model_validator(mode="after")
     def _sampling_options(self) -> TranslateRequest:
@@ -164,15 +177,18 @@ class AttentionRequest(BaseModel):
 
 
 def settings_for(translator: Translator, beam_size: int | None, nbest: int, length_penalty: float | None,
-                 sampling: Sampling | None, words: bool = False) -> Settings:
+                 sampling: Sampling | None, words: bool = False, tgt_lang: str | None = None,
+                 data: DataConfig | None = None) -> Settings:
     """The request's settings over the model's decode defaults, checked as ``attnmt translate`` checks
-    them (``DecodeOverrides``, the fields named as the request names them)."""
+    them (``DecodeOverrides``, the fields named as the request names them); ``tgt_lang`` against the
+    model's ``data`` section (``DataConfig.prefix_for``)."""
     overrides = DecodeOverrides(beam_size, nbest, length_penalty, sampling=sampling, spelling="api")
     try:
         decode = overrides.apply(translator.decode, translator.tokenizer.tgt_vocab_size)
+        prefix = data.prefix_for(tgt_lang, "tgt_lang") if data is not None else translator.source_prefix
     except ConfigError as e:
         raise Refused(str(e)) from None
-    return Settings(decode.beam_size, decode.nbest, float(decode.length_penalty), sampling, words)
+    return Settings(decode.beam_size, decode.nbest, float(decode.length_penalty), sampling, words, prefix)
 
 
 def variant_maker(translator: Translator) -> Callable[[Settings], Translator]:
@@ -185,6 +201,7 @@ def variant_maker(translator: Translator) -> Callable[[Settings], Translator]:
             return cache[settings]
         made = translator.with_overrides(DecodeOverrides(settings.beam_size, settings.nbest,
                                                          settings.length_penalty, sampling=settings.sampling))
+        made.source_prefix = settings.source_prefix
         if settings.sampling is None and len(cache) < 64:
             cache[settings] = made
         return made

@@ -112,7 +112,7 @@ def _add_routes(app: FastAPI, served: Served, batcher: Batcher, page: str) -> No
         _check_size(served, lines)
         draw = body.sampling_settings()
         settings = settings_for(translator, body.beam_size, body.nbest, body.length_penalty, draw,
-                                body.scores == "words")
+                                body.scores == "words", body.tgt_lang, served.data)
         request.state.sentences, request.state.tokens = len(lines), batcher.measure(lines)
         found = await asyncio.wrap_future(batcher.submit(lines, settings, body.prefixes()))
         return {"translations": [result.as_json() for result in found]}

@@ -134,11 +134,20 @@ def test_prefixes_and_word_scores_are_translates(server, model, tmp_path):
     assert bad.status_code == 422 and bad.json() == {"error": "prefix: 1 prefixes for 2 sentences"}
 
 
+def test_a_target_language_the_model_does_not_know_is_a_422(server):
+    same = server.client.post("/translate", json={"text": LINES[:1], "tgt_lang": "de"})
+    assert same.status_code == 200
+    assert same.json() == server.client.post("/translate", json={"text": LINES[:1]}).json()
+    other = server.client.post("/translate", json={"text": LINES[:1], "tgt_lang": "fr"})
+    assert other.status_code == 422
+    assert other.json() == {"error": "tgt_lang fr: this model translates into de only"}
+
+
 def test_health_info_and_docs(server):
     assert server.client.get("/health").json() == {"status": "ok", "pending": 0}
     info = server.client.get("/info").json()
-    described = (info["src_lang"], info["tgt_lang"], info["arch"], info["attention"])
-    assert described == ("en", "de", "transformer", True)
+    described = (info["src_lang"], info["tgt_lang"], info["tgt_langs"], info["arch"], info["attention"])
+    assert described == ("en", "de", ["de"], "transformer", True)
     assert info["parameters"] > 0 and info["decode"]["beam_size"] >= 1
     assert info["limits"] == {"max_sentences": 8, "max_chars": 200}
     docs = server.client.get("/docs")

@@ -104,7 +104,8 @@ def _describe(translator, cfg, path: Path) -> dict:
     model = translator.model
     parameters = sum(p.numel() for p in model.parameters()) if model is not None else None
     return {"model": str(path), "arch": cfg.model.arch if model is not None else "ctranslate2",
-            "src_lang": cfg.data.src_lang, "tgt_lang": cfg.data.tgt_lang, "parameters": parameters,
+            "src_lang": cfg.data.src_lang, "tgt_lang": cfg.data.tgt_lang,
+            "tgt_langs": cfg.data.target_languages(), "parameters": parameters,
             "attention": model is not None, "device": str(translator.device),
             "decode": translator.decode.model_dump(mode="json")}
 
@@ -133,7 +134,7 @@ def _run(sock, translator, cfg, path: Path, batching: tuple[int, float, int], li
     decoder = DecoderProcess(functools.partial(open_translator, path, Device(translator.device.type)),
                              batching[2])
     access = AccessLog()
-    served = Served(translator, path, info, decoder.draw, access.write, limits)
+    served = Served(translator, path, info, decoder.draw, access.write, limits, data=cfg.data)
     measure = lambda lines: sum(len(ids) + 1 for ids in translator.tokenizer.encode_src(lines))  # noqa: E731
     batcher = Batcher(decoder.variant, measure, *batching[:2])
     drained = True
