@@ -16,25 +16,12 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import yaml
+from benchlib import REPO, attnmt, eval_scores, run_main, save_rows
 
-REPO = Path(__file__).resolve().parents[1]
 BASE = REPO / "configs" / "multi30k_de_en_transformer.yaml"
-
-
-def attnmt(*args) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "attnmt", *map(str, args)]
-    print("$", " ".join(command[2:]), flush=True)
-    keep = args[0] == "eval"
-    result = subprocess.run(command, cwd=REPO, text=True, stdout=subprocess.PIPE if keep else None)
-    if result.returncode != 0:
-        sys.exit(f"attnmt {args[0]} failed (exit {result.returncode})")
-    return result
 
 
 def halves(data: Path, root: Path) -> dict[str, Path]:
@@ -92,19 +79,16 @@ def main() -> None:
     for name, config in runs.items():
         attnmt("train", config)
         run = Path(json.loads(config.read_text(encoding="utf-8"))["train"]["run_dir"])
-        found = attnmt("eval", run, "--src", data / "test_2016_flickr.de.gz", "--ref",
-                       data / "test_2016_flickr.en.gz", "--metrics", "bleu,chrf", "--json")
-        scores = {s["metric"]: s["score"] for s in json.loads(found.stdout)}
+        found = eval_scores(run, data / "test_2016_flickr.de.gz", data / "test_2016_flickr.en.gz")
+        scores = {metric: record["score"] for metric, record in found.items()}
         rows.append({"run": name, **scores})
         print(rows[-1], flush=True)
     print(f"\nGerman to English, {args.minutes:g} minutes each; back-translation weight {args.weight:g}")
     print("\n| training data | BLEU | chrF |\n| --- | --- | --- |")
     for row in rows:
         print(f"| {row['run']} | {row['bleu']:.2f} | {row['chrf']:.2f} |")
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
+    save_rows(rows, args.json)
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    main()
+    run_main(main)

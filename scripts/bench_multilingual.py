@@ -16,26 +16,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import yaml
+from benchlib import REPO, attnmt, eval_scores, run_main, save_rows
 
-REPO = Path(__file__).resolve().parents[1]
 BASE = REPO / "configs" / "multi30k_multilingual_transformer.yaml"
-
-
-def attnmt(*args) -> subprocess.CompletedProcess:
-    """``python -m attnmt ARGS`` in a child process (stdout kept for eval, shown otherwise)."""
-    command = [sys.executable, "-m", "attnmt", *map(str, args)]
-    print("$", " ".join(command[2:]), flush=True)
-    keep = args[0] == "eval"
-    result = subprocess.run(command, cwd=REPO, text=True, stdout=subprocess.PIPE if keep else None)
-    if result.returncode != 0:
-        sys.exit(f"attnmt {args[0]} failed (exit {result.returncode})")
-    return result
 
 
 def corpus(data: Path, split: str, src: str, tgt: str, langs: bool = True) -> dict:
@@ -63,9 +49,9 @@ def write_config(base: dict, root: Path, name: str, pairs: list[tuple[str, str]]
 
 
 def score(run: Path, data: Path, src: str, tgt: str) -> dict:
-    found = attnmt("eval", run, "--src", data / f"test_2016_flickr.{src}.gz", "--ref",
-                   data / f"test_2016_flickr.{tgt}.gz", "--tgt-lang", tgt, "--metrics", "bleu,chrf", "--json")
-    return {s["metric"]: s["score"] for s in json.loads(found.stdout)}
+    found = eval_scores(run, data / f"test_2016_flickr.{src}.gz", data / f"test_2016_flickr.{tgt}.gz",
+                        "--tgt-lang", tgt)
+    return {metric: record["score"] for metric, record in found.items()}
 
 
 def steps_of(run: Path) -> int:
@@ -111,10 +97,8 @@ def main() -> None:
         s, m = row["single"], row["multilingual"]
         print(f"| {row['pair']} | {s['bleu']:.2f} | {m['bleu']:.2f} | {m['bleu'] - s['bleu']:+.2f} | "
               f"{s['chrf']:.2f} | {m['chrf']:.2f} |")
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
+    save_rows(rows, args.json)
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    main()
+    run_main(main)

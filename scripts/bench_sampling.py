@@ -19,27 +19,12 @@ to do), so an interrupted benchmark goes on where it stopped; remove ``--run-roo
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def attnmt(*args: str) -> subprocess.CompletedProcess:
-    """``python -m attnmt ARGS`` in a child process, its output shown as it comes (stdout kept for eval)."""
-    command = [sys.executable, "-m", "attnmt", *map(str, args)]
-    print("$", " ".join(command[2:]), flush=True)
-    keep = args[0] == "eval"
-    result = subprocess.run(command, cwd=REPO, text=True, stdout=subprocess.PIPE if keep else None)
-    if result.returncode != 0:
-        sys.exit(f"attnmt {args[0]} failed (exit {result.returncode})")
-    return result
+from benchlib import REPO, attnmt, eval_scores, run_main, save_rows
 
 
 def sets(items: list[str]) -> list[str]:
@@ -126,9 +111,7 @@ def main() -> None:
         if not run.exists():
             shutil.copytree(prepared, run, ignore=shutil.ignore_patterns(".lock"))
         attnmt("train", config, "--run-dir", run, *sets(overrides))
-        scored = attnmt("eval", run, "--src", root / "test.src", "--ref", root / "test.ref",
-                        "--metrics", "bleu,chrf", "--json")
-        scores = {s["metric"]: s for s in json.loads(scored.stdout)}
+        scores = eval_scores(run, root / "test.src", root / "test.ref")
         longer = sampled_length(config, overrides, run) if name == "sampling" else 1.0
         rows.append({"run": name, "settings": sampling if name == "sampling" else [], **progress_of(run),
                      "pieces": round(longer, 3), "bleu": scores["bleu"]["score"],
@@ -143,10 +126,8 @@ def main() -> None:
     print("\npieces: the training pairs' pieces at epoch 0 over their deterministic pieces "
           "(the first 2,000 pairs)")
     print(f"\nBLEU: {rows[0]['signature']}")
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
+    save_rows(rows, args.json)
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    main()
+    run_main(main)

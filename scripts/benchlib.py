@@ -1,0 +1,42 @@
+"""What the training benchmarks share (``bench_sampling.py``, ``bench_multilingual.py``,
+``bench_backtranslation.py``): attnmt run in a child process, and the end of a run that writes its
+results."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def attnmt(*args) -> subprocess.CompletedProcess:
+    """``python -m attnmt ARGS`` in a child process, its output shown as it comes (stdout kept for eval);
+    the benchmark stops with the command's name if it fails."""
+    command = [sys.executable, "-m", "attnmt", *map(str, args)]
+    print("$", " ".join(command[2:]), flush=True)
+    keep = args[0] == "eval"
+    result = subprocess.run(command, cwd=REPO, text=True, stdout=subprocess.PIPE if keep else None)
+    if result.returncode != 0:
+        sys.exit(f"attnmt {args[0]} failed (exit {result.returncode})")
+    return result
+
+
+def eval_scores(run: Path, src: Path, ref: Path, *more) -> dict[str, dict]:
+    """``attnmt eval RUN --src --ref`` (BLEU and chrF) as {metric: its JSON record}."""
+    found = attnmt("eval", run, "--src", src, "--ref", ref, "--metrics", "bleu,chrf", "--json", *more)
+    return {s["metric"]: s for s in json.loads(found.stdout)}
+
+
+def save_rows(rows: list, path: Path | None) -> None:
+    if path is not None:
+        path.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
+
+
+def run_main(main: Callable[[], None]) -> None:
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    main()
