@@ -179,3 +179,23 @@ def test_translate_refuses_a_language_the_model_was_not_trained_into(multilingua
     assert "--tgt-lang fr: this model translates into de, zh only" in assert_one_error_line(result.stderr)
     result = CliRunner().invoke(app, ["translate", str(multilingual), "may 22nd 2040", "--tgt-lang", "zh"])
     assert result.exit_code == 0, result.output
+
+
+def test_score_reads_the_pair_with_the_chosen_language(multilingual, tmp_path):
+    from typer.testing import CliRunner
+
+    from attnmt.cli import app
+
+    src, tgt = tmp_path / "src.txt", tmp_path / "tgt.txt"
+    src.write_text("may 22nd 2040\n", encoding="utf-8")
+    tgt.write_text("22. mai 2040\n", encoding="utf-8")
+    found = {}
+    for lang in ("de", "zh"):
+        result = CliRunner().invoke(app, ["score", str(multilingual), "--src", str(src), "--tgt", str(tgt),
+                                          "--json", "--tgt-lang", lang])
+        assert result.exit_code == 0, result.output
+        found[lang] = json.loads(result.stdout)["logprob"]
+    assert found["de"] != found["zh"]  # the language token reaches the model
+    result = CliRunner().invoke(app, ["score", str(multilingual), "--src", str(src), "--tgt", str(tgt),
+                                      "--tgt-lang", "fr"])
+    assert result.exit_code == 2 and "--tgt-lang fr" in assert_one_error_line(result.stderr)

@@ -25,6 +25,7 @@ from .options import (
     ModelArg,
     NbestOpt,
     SentencesArg,
+    TgtLangOpt,
 )
 
 CHUNK_LINES = 1000
@@ -70,9 +71,7 @@ def translate(
                                                      "hold, one input line's per line, tab-separated (an "
                                                      "empty line: none); beam search makes room for them.",
                                                      show_default=False)] = None,
-    tgt_lang: Annotated[str | None, typer.Option("--tgt-lang", help="A multilingual model's target "
-                                                 "language (default: its data.tgt_lang).",
-                                                 show_default=False)] = None,
+    tgt_lang: TgtLangOpt = None,
     device: DeviceOpt = "auto",
 ) -> None:
     """Translate sentences, a file or stdin; one output line per input line, in input order.
@@ -311,6 +310,7 @@ def score(
                                         "probabilities too, and the end's (JSON lines).")] = False,
     max_tokens: MaxTokensOpt = None,
     length_penalty: LengthPenaltyOpt = None,
+    tgt_lang: TgtLangOpt = None,
     device: DeviceOpt = "auto",
 ) -> None:
     """The model's log-probability of each given translation, under teacher forcing, in input order.
@@ -326,7 +326,8 @@ def score(
     sources, targets = read_pairs(src, tgt)
     from ..translator import DecodeOverrides
 
-    translator, _, _ = open_translator(model, device, DecodeOverrides(None, 1, length_penalty, max_tokens))
+    overrides = DecodeOverrides(None, 1, length_penalty, max_tokens, tgt_lang=tgt_lang)
+    translator, _, _ = open_translator(model, device, overrides)
     with FileProgress(len(sources), "scoring") as progress:
         lines = _scored_lines(translator, sources, targets, json_, words, progress)
     text = "".join(line + "\n" for line in lines)

@@ -139,6 +139,8 @@ NbestOpt = Annotated[int, typer.Option("--nbest", min=1,
                                        help="Write this many hypotheses per line (TSV: index, score, text).")]
 MaxTokensOpt = Annotated[int | None, typer.Option("--max-tokens", min=1,
                                                   help="Batch budget: padded source pieces x beam.")]
+TgtLangOpt = Annotated[str | None, typer.Option("--tgt-lang", help="A multilingual model's target language "
+                                               "(default: its data.tgt_lang).", show_default=False)]
 DeviceOpt = Annotated[Device, typer.Option("--device",
                                            help="Where to compute; auto takes CUDA when there is one.")]
 LengthPenaltyOpt = Annotated[float | None, typer.Option("--length-penalty", min=0.0, max=10.0,
