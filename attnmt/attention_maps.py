@@ -39,7 +39,7 @@ from .data import clean
 from .errors import DataError
 from .explorer import ExplorerSentence, write_explorer
 from .translator import Translator, chunks
-from .words import has_cjk, membership_of, merge, segment, word_count, words_to_pieces
+from .words import Pieces, has_cjk, membership_of, merge, segment, word_count, words_to_pieces
 
 if TYPE_CHECKING:
     from .plot import HeatmapFigure
@@ -213,15 +213,28 @@ def align_corpus(translator: Translator, sources: Sequence[str], targets: Sequen
 
 def _word_pieces(translator: Translator, sources: Sequence[str], targets: Sequence[str], gold: Gold | None):
     """(source ids, source words' pieces, target ids, target words' pieces) of sentence pairs, read as
-    ``align`` reads them (``words.words_to_pieces``); ``gold`` checked against the word counts."""
+    ``align`` reads them (``words.words_to_pieces``), the sources after the translator's ``source_prefix``
+    (pieces of no word); ``gold`` checked against the word counts."""
     tokenizer = translator.tokenizer
     src_ids, src_groups = words_to_pieces(tokenizer.encode_src, sources, tokenizer.src_pieces,
                                           tokenizer.normalize_src)
+    if translator.source_prefix:  # a multilingual model reads its language token first, in no word
+        prefix = tokenizer.encode_src([translator.source_prefix])[0]
+        src_ids = [prefix + ids if ids else ids for ids in src_ids]
+        src_groups = [after(groups, len(prefix)) if ids else groups
+                      for ids, groups in zip(src_ids, src_groups)]
     tgt_ids, tgt_groups = words_to_pieces(tokenizer.encode_tgt, targets, tokenizer.tgt_pieces,
                                           tokenizer.normalize_tgt)
     if gold is not None:
         gold.check_fits([word_count(g) for g in src_groups], [word_count(g) for g in tgt_groups])
     return src_ids, src_groups, tgt_ids, tgt_groups
+
+
+def after(groups: Pieces, n: int) -> Pieces:
+    """Word pieces with ``n`` pieces before them that belong to no word."""
+    if isinstance(groups, np.ndarray):
+        return np.vstack([np.zeros((n, groups.shape[1])), groups])
+    return [[k + n for k in group] for group in groups]
 
 
 def _links(cross: list[np.ndarray], src_groups, tgt_groups, options: AlignOptions) -> list[Link]:

@@ -199,3 +199,25 @@ def test_score_reads_the_pair_with_the_chosen_language(multilingual, tmp_path):
     result = CliRunner().invoke(app, ["score", str(multilingual), "--src", str(src), "--tgt", str(tgt),
                                       "--tgt-lang", "fr"])
     assert result.exit_code == 2 and "--tgt-lang fr" in assert_one_error_line(result.stderr)
+
+
+def test_align_and_attribute_read_a_multilingual_model_with_its_language_token(multilingual, tmp_path):
+    from typer.testing import CliRunner
+
+    from attnmt.attention_maps import _word_pieces, after
+    from attnmt.cli import app
+    from attnmt.cli.common import open_for_attention
+
+    translator, _, _ = open_for_attention(multilingual, "cpu", None)
+    src_ids, groups, _, _ = _word_pieces(translator, ["may 22nd 2040", ""], ["22. mai 2040", ""], None)
+    token = translator.tokenizer.src_pieces(src_ids[0]).index("<2de>")
+    assert all(k > token for group in groups[0] for k in group) and src_ids[1] == []
+    assert after([[0], [1, 2]], 2) == [[2], [3, 4]]
+    assert after(np.eye(2), 1).tolist() == [[0, 0], [1, 0], [0, 1]]
+    src, tgt = tmp_path / "src.txt", tmp_path / "tgt.txt"
+    src.write_text("may 22nd 2040\nnovember 19th 1982\n", encoding="utf-8")
+    tgt.write_text("22. mai 2040\n19. november 1982\n", encoding="utf-8")
+    result = CliRunner().invoke(app, ["align", str(multilingual), "--src", str(src), "--tgt", str(tgt)])
+    assert result.exit_code == 0, result.output
+    for line, words in zip(result.stdout.splitlines(), (3, 3)):
+        assert all(int(link.split("-")[0]) < words for link in line.split())
