@@ -220,13 +220,13 @@ def resolve_model_path(model: Path) -> Path:
 
 
 def diff_dicts(old: Any, new: Any, prefix: str = "") -> list[str]:
-    """Dotted keys whose values differ, as ``key: old -> new``."""
-    if isinstance(old, dict) and isinstance(new, dict):
-        out = []
-        for key in list(old) + [k for k in new if k not in old]:
-            out += diff_dicts(old.get(key), new.get(key), f"{prefix}{key}.")
-        return out
-    return [] if old == new else [f"{prefix[:-1]}: {old!r} -> {new!r}"]
+    """Dotted keys whose values differ, as ``key: old -> new`` (lists of the same length item by item)."""
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        old, new = dict(enumerate(old)), dict(enumerate(new))
+    if not (isinstance(old, dict) and isinstance(new, dict)):
+        return [] if old == new else [f"{prefix[:-1]}: {old!r} -> {new!r}"]
+    return [line for key in list(old) + [k for k in new if k not in old]
+            for line in diff_dicts(old.get(key), new.get(key), f"{prefix}{key}.")]
 
 
 # --------------------------------------------------------------------------------- training state

@@ -221,3 +221,13 @@ def test_align_and_attribute_read_a_multilingual_model_with_its_language_token(m
     assert result.exit_code == 0, result.output
     for line, words in zip(result.stdout.splitlines(), (3, 3)):
         assert all(int(link.split("-")[0]) < words for link in line.split())
+
+
+def test_a_changed_corpus_is_named_by_its_index():
+    from attnmt.checkpoint import diff_dicts
+
+    old = {"train": [{"src": "a", "weight": 3.0}, {"src": "b", "tag": None}]}
+    new = {"train": [{"src": "a", "weight": 2.0}, {"src": "b", "tag": "<bt>"}]}
+    assert diff_dicts(old, new) == ["train.0.weight: 3.0 -> 2.0", "train.1.tag: None -> '<bt>'"]
+    shorter = {"train": old["train"][:1]}
+    assert diff_dicts(old, shorter) == [f"train: {old['train']!r} -> {shorter['train']!r}"]
