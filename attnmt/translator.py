@@ -205,23 +205,35 @@ class Translator:
                     results[i] = found[k * n:(k + 1) * n]
             return results
         for chunk in token_batches(lengths, order, d.max_tokens, rows_per_example=d.beam_size):
-            batch = collate([src_ids[i] for i in chunk]).to(self.device)
-            prefix = self._prefix(prefixes, chunk)
-            if constraints is not None and any(constraints[i] for i in chunk):
-                found = constrained_search(self.model, batch.src, batch.src_mask,
-                                           [Constraints(constraints[i]) for i in chunk], d.beam_size, d.nbest,
-                                           d.length_penalty, d.max_len_a, d.max_len_b, d.min_len,
-                                           need_attention, prefix)
-            elif d.beam_size == 1 and d.nbest == 1:
-                found = [[h] for h in greedy_search(self.model, batch.src, batch.src_mask, d.max_len_a,
-                                                    d.max_len_b, d.min_len, need_attention, prefix=prefix)]
-            else:
-                found = beam_search(self.model, batch.src, batch.src_mask, d.beam_size, d.nbest,
-                                    d.length_penalty, d.max_len_a, d.max_len_b, d.min_len, need_attention,
-                                    prefix)
-            for i, hyps in zip(chunk, found):
-                results[i] = hyps
+            # Sentences with phrases apart from those without: a free sentence is searched as it would be
+            # in any batch (greedy stays greedy), whatever shares its chunk.
+            parts = ([[i for i in chunk if constraints[i]], [i for i in chunk if not constraints[i]]]
+                     if constraints is not None else [chunk])
+            for part in filter(None, parts):
+                found = self._search_part(src_ids, part, prefixes, constraints, need_attention)
+                for i, hyps in zip(part, found):
+                    results[i] = hyps
         return results
+
+    def _search_part(self, src_ids: Sequence[Sequence[int]], part: list[int],
+                     prefixes: Sequence[Sequence[int]] | None,
+                     constraints: Sequence[Sequence[Sequence[int]]] | None,
+                     need_attention: bool) -> list[list[Hypothesis]]:
+        """The search of ``search`` for the sources ``part`` (all with phrases, or none): constrained,
+        greedy or beam."""
+        d = self.decode
+        batch = collate([src_ids[i] for i in part]).to(self.device)
+        prefix = self._prefix(prefixes, part)
+        if constraints is not None and constraints[part[0]]:
+            return constrained_search(self.model, batch.src, batch.src_mask,
+                                      [Constraints(constraints[i]) for i in part], d.beam_size, d.nbest,
+                                      d.length_penalty, d.max_len_a, d.max_len_b, d.min_len, need_attention,
+                                      prefix)
+        if d.beam_size == 1 and d.nbest == 1:
+            return [[h] for h in greedy_search(self.model, batch.src, batch.src_mask, d.max_len_a,
+                                               d.max_len_b, d.min_len, need_attention, prefix=prefix)]
+        return beam_search(self.model, batch.src, batch.src_mask, d.beam_size, d.nbest, d.length_penalty,
+                           d.max_len_a, d.max_len_b, d.min_len, need_attention, prefix)
 
     def _prefix(self, prefixes: Sequence[Sequence[int]] | None, rows: Sequence[int]) -> torch.Tensor | None:
         """(len(rows), P) the prefixes of these sources, PAD after the shorter ones; None without any."""

@@ -128,14 +128,17 @@ def test_every_output_holds_its_phrases_and_has_its_teacher_forced_score(tokeniz
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_a_sentence_decodes_the_same_alone_and_in_a_batch(tokenizer, name):  # noqa: F811
-    translator = make_translator(name, tokenizer, beam_size=3)
+@pytest.mark.parametrize("beam", [1, 3])
+def test_a_sentence_decodes_the_same_alone_and_in_a_batch(tokenizer, name, beam):  # noqa: F811
+    """With or without phrases: a free sentence beside constrained ones is still greedy at beam 1."""
+    translator = make_translator(name, tokenizer, beam_size=beam)
     srcs = sentences([6, 3, 8, 5], seed=4, vocab=60)
     phrases = [[[20]], [[33, 34]], [], [[25], [26]]]
     together = translator.search(srcs, constraints=phrases)
     for i in range(len(srcs)):
         alone = translator.search([srcs[i]], constraints=[phrases[i]])
         assert_same(alone[0], together[i])
+    assert_same(together[2], translator.search([srcs[2]])[0])
 
 
 def test_phrases_that_cannot_fit_end_lacking_them_ranked_by_how_many():
