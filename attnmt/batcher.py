@@ -57,6 +57,7 @@ class _Job:
     settings: Settings | None  # None: a call
     lines: Sequence[str] = ()
     prefixes: Sequence[str] | None = None  # what each line's translations start with
+    constraints: Sequence[Sequence[str]] | None = None  # the phrases each line's translations hold
     call: Callable[[], Any] | None = None
     cost: int = 0  # source pieces x beam rows
     arrived: float = field(default_factory=time.monotonic)
@@ -97,12 +98,13 @@ class Batcher:
 
     # ------------------------------------------------------------------ callers' side (any thread)
 
-    def submit(self, lines: Sequence[str], settings: Settings,
-               prefixes: Sequence[str] | None = None) -> Future:
+    def submit(self, lines: Sequence[str], settings: Settings, prefixes: Sequence[str] | None = None,
+               constraints: Sequence[Sequence[str]] | None = None) -> Future:
         """A future for the translations of ``lines`` (one ``Translation`` each, in order), each starting
-        with its prefix, if given (``Translator.translate``)."""
+        with its prefix and holding its phrases, if given (``Translator.translate``; the caller has
+        checked the phrases, ``Translator.encode_constraints``)."""
         rows = settings.nbest if settings.sampling else settings.beam_size
-        return self._put(_Job(Future(), settings, list(lines), prefixes,
+        return self._put(_Job(Future(), settings, list(lines), prefixes, constraints,
                               cost=self.measure(lines) * rows))
 
     def call(self, work: Callable[[], Any]) -> Future:
@@ -187,10 +189,12 @@ class Batcher:
         lines = [line for job in live for line in job.lines]
         prefixes = ([p for job in live for p in (job.prefixes or [""] * len(job.lines))]
                     if any(job.prefixes for job in live) else None)
+        phrases = ([p for job in live for p in (job.constraints or [[]] * len(job.lines))]
+                   if any(job.constraints for job in live) else None)
         settings = live[0].settings
 
         def translate() -> list[list[Translation]]:
-            found = self.variant(settings).translate(lines, prefixes, words=settings.words)
+            found = self.variant(settings).translate(lines, prefixes, settings.words, phrases)
             out, start = [], 0
             for job in live:
                 out.append(found[start:start + len(job.lines)])

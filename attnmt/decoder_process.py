@@ -37,8 +37,8 @@ class _Remote:
     def __init__(self, owner: DecoderProcess, settings: Settings) -> None:
         self.owner, self.settings = owner, settings
 
-    def translate(self, lines, prefixes=None, words: bool = False):
-        return self.owner.ask("translate", self.settings, list(lines), prefixes, words)
+    def translate(self, lines, prefixes=None, words: bool = False, constraints=None):
+        return self.owner.ask("translate", self.settings, list(lines), prefixes, words, constraints)
 
 
 class DecoderProcess:
@@ -104,8 +104,8 @@ def _child(conn, opener: Callable[[], tuple], threads: int | None) -> None:
             if kind == "ready":
                 value = None
             elif kind == "translate":
-                settings, lines, prefixes, words = args
-                value = variant(settings).translate(lines, prefixes, words)
+                settings, lines, prefixes, words, constraints = args
+                value = variant(settings).translate(lines, prefixes, words, constraints)
             else:  # "draw": no pair when the translation is empty, so nothing to draw
                 text, translation = args
                 value = pack(explorer_sentences(translator, [text], [translation], KINDS, AlignOptions()), 1)

@@ -47,7 +47,7 @@ from starlette.requests import Request
 from .batcher import Settings
 from .config import DataConfig
 from .decode import Sampling
-from .errors import ConfigError
+from .errors import ConfigError, ConstraintError
 from .translator import DecodeOverrides, Translator
 
 
@@ -134,6 +134,9 @@ class TranslateRequest(BaseModel):
                                             "probabilities, as translate --scores words.")
     tgt_lang: StrictStr | None = Field(None, description="A multilingual model's target language, as "
                                        "translate --tgt-lang.")
+    constraints: list[list[StrictStr]] | None = Field(None, description="The phrases each translation "
+                                                      "must hold, a list per sentence, as translate "
+                                                      "--constraints.")
 
     @model_validator(mode="after")
     def _sampling_options(self) -> TranslateRequest:
@@ -151,6 +154,10 @@ class TranslateRequest(BaseModel):
         prefixes = self.prefixes()
         if prefixes is not None and len(prefixes) != len(self.lines()):
             raise ValueError(f"prefix: {len(prefixes)} prefixes for {len(self.lines())} sentences")
+        if self.constraints is not None and len(self.constraints) != len(self.lines()):
+            raise ValueError(f"constraints: {len(self.constraints)} lists for {len(self.lines())} sentences")
+        if self.constraints is not None and self.sampling:
+            raise ValueError("constraints need a search: they cannot be used with sampling")
         return self
 
     def prefixes(self) -> list[str] | None:
@@ -189,6 +196,21 @@ def settings_for(translator: Translator, beam_size: int | None, nbest: int, leng
     except ConfigError as e:
         raise Refused(str(e)) from None
     return Settings(decode.beam_size, decode.nbest, float(decode.length_penalty), sampling, words, prefix)
+
+
+def check_constraints(served: Served, body: TranslateRequest, settings: Settings) -> None:
+    """Refused (422, naming the sentence) for phrases no search can hold, before the request is batched
+    with others that would fail with it; and for a CTranslate2 export, which has no lexical constraints."""
+    if body.constraints is None or not any(body.constraints):
+        return
+    if not served.info["attention"]:
+        raise Refused("constraints: a CTranslate2 export has no lexical constraints")
+    translator = served.translator.with_overrides(DecodeOverrides(settings.beam_size, settings.nbest))
+    translator.source_prefix = settings.source_prefix
+    try:
+        translator.encode_constraints(translator.encode(body.lines()), body.constraints)
+    except ConstraintError as e:
+        raise Refused(f"constraints[{e.line - 1}]: {e.reason}") from None
 
 
 def variant_maker(translator: Translator) -> Callable[[Settings], Translator]:

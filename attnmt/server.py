@@ -30,6 +30,7 @@ from .serve_api import (
     TooLarge,
     TranslateRequest,
     access_line,
+    check_constraints,
     one_line,
     settings_for,
 )
@@ -113,8 +114,9 @@ def _add_routes(app: FastAPI, served: Served, batcher: Batcher, page: str) -> No
         draw = body.sampling_settings()
         settings = settings_for(translator, body.beam_size, body.nbest, body.length_penalty, draw,
                                 body.scores == "words", body.tgt_lang, served.data)
+        check_constraints(served, body, settings)
         request.state.sentences, request.state.tokens = len(lines), batcher.measure(lines)
-        found = await asyncio.wrap_future(batcher.submit(lines, settings, body.prefixes()))
+        found = await asyncio.wrap_future(batcher.submit(lines, settings, body.prefixes(), body.constraints))
         return {"translations": [result.as_json() for result in found]}
 
     @app.post("/attention", summary="Translate one sentence; its attention and word alignment.")

@@ -364,3 +364,22 @@ def test_a_ctranslate2_export_translates_and_has_no_attention(model, tmp_path):
         assert refused.status_code == 409 and "CTranslate2" in refused.json()["error"]
     finally:
         assert server.stop() == 0
+
+
+def test_constraints_are_translates_and_bad_ones_a_422_for_their_request_alone(server, model, tmp_path):
+    phrases = [["2041"], [], ["07", "1983"]]
+    src, given = tmp_path / "s.txt", tmp_path / "c.txt"
+    src.write_text("".join(line + "\n" for line in LINES[:3]), encoding="utf-8")
+    given.write_text("".join("\t".join(p) + "\n" for p in phrases), encoding="utf-8")
+    cli = run_attnmt("translate", str(model), "-i", str(src), "--constraints", str(given)).stdout.splitlines()
+    answer = server.client.post("/translate", json={"text": LINES[:3], "constraints": phrases})
+    assert answer.status_code == 200, answer.text
+    assert best(answer.json()) == cli and "2041" in cli[0]
+    long = [[], [" ".join(str(n) for n in range(80))]]
+    bad = server.client.post("/translate", json={"text": LINES[:2], "constraints": long})
+    assert bad.status_code == 422 and bad.json()["error"].startswith("constraints[1]: the phrases take ")
+    for body, message in (({"text": LINES[:2], "constraints": [[]]}, "constraints: 1 lists for 2 sentences"),
+                          ({"text": LINES[:1], "constraints": [["a"]], "sampling": True},
+                           "constraints need a search")):
+        refused = server.client.post("/translate", json=body)
+        assert refused.status_code == 422 and message in refused.json()["error"]
