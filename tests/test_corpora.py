@@ -36,6 +36,15 @@ def test_one_corpus_is_a_list_of_one_and_not_multilingual():
     assert cfg.data.source_prefix(cfg.data.train) == ""
 
 
+def test_without_tgt_lang_the_model_translates_into_its_default_or_only_language():
+    only = config_from_dict(data_config([{**TOY, "size": 5, "tgt_lang": "fr"}])).data  # data.tgt_lang: de
+    assert only.prefix_for(None, "--tgt-lang") == only.prefix_for("fr", "--tgt-lang") == ""
+    two = config_from_dict(data_config([{**TOY, "size": 5, "tgt_lang": "fr"},
+                                        {**TOY, "size": 5, "tgt_lang": "es"}])).data
+    with pytest.raises(ConfigError, match=r"^this model translates into es, fr: choose one with --tgt-lang$"):
+        two.prefix_for(None, "--tgt-lang")
+
+
 def test_corpora_into_several_languages_make_a_multilingual_model():
     train = [{**TOY, "size": 10, "tgt_lang": "de"}, {**TOY, "size": 10, "lang": "zh", "tgt_lang": "zh"},
              {**TOY, "size": 5, "tag": "<bt>", "weight": 3}]

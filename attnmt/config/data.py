@@ -171,13 +171,13 @@ class DataConfig(Section):
         """The source prefix that asks for ``lang`` (None: the section's ``tgt_lang``) at translation time;
         ConfigError naming the option (``named``) for a language the model was not trained into."""
         langs = self.target_languages()
-        if lang is None and self.multilingual and self.tgt_lang not in langs:
-            raise ConfigError(f"this model translates into {', '.join(langs)}: choose one with {named}")
-        lang = self.tgt_lang if lang is None else lang
-        if lang not in langs:
+        if lang is None:  # the section's language, or the corpora's only one
+            if self.tgt_lang not in langs and len(langs) > 1:
+                raise ConfigError(f"this model translates into {', '.join(langs)}: choose one with {named}")
+            lang = self.tgt_lang if self.tgt_lang in langs else langs[0]
+        elif lang not in langs:
             raise ConfigError(f"{named} {lang}: this model translates into {', '.join(langs)} only")
         return target_token(lang) if self.multilingual else ""
-
 
 def check_corpora(data: DataConfig, where: Callable[[str], str]) -> None:
     """What the schema cannot see: weights and tags on training corpora only, dev and test into a language
