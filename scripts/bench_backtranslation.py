@@ -55,6 +55,8 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, required=True, help="The Multi30k folder (train.de.gz, ...).")
     parser.add_argument("--minutes", type=float, required=True, help="Training minutes of each model.")
+    parser.add_argument("--reverse-minutes", type=float, default=None, help="Training minutes of the "
+                        "English-German model that back-translates (default: --minutes).")
     parser.add_argument("--weight", type=float, default=1.0, help="The back-translations' weight (the "
                         "parallel corpus has 1).")
     parser.add_argument("--run-root", type=Path, default=REPO / "runs" / "bench_backtranslation")
@@ -66,7 +68,8 @@ def main() -> None:
     files = halves(data, root)
     parallel = {"src": str(files["parallel.de"]), "tgt": str(files["parallel.en"])}
     reverse = {"src": str(files["parallel.en"]), "tgt": str(files["parallel.de"])}
-    attnmt("train", write_config(base, root, "en-de", reverse, "en", "de", data, args.minutes))
+    reverse_minutes = args.reverse_minutes or args.minutes
+    attnmt("train", write_config(base, root, "en-de", reverse, "en", "de", data, reverse_minutes))
     bt = root / "mono.bt.de"
     if not bt.exists():
         attnmt("translate", root / "en-de", "-i", files["mono.en"], "-o", bt, "--sampling", "--seed", "1")
