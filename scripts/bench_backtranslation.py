@@ -57,6 +57,8 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, required=True, help="Training minutes of each model.")
     parser.add_argument("--reverse-minutes", type=float, default=None, help="Training minutes of the "
                         "English-German model that back-translates (default: --minutes).")
+    parser.add_argument("--top-k", type=int, default=0, help="Sample the back-translations from the K most "
+                        "probable pieces only (translate --top-k; default 0: all).")
     parser.add_argument("--weight", type=float, default=1.0, help="The back-translations' weight (the "
                         "parallel corpus has 1).")
     parser.add_argument("--run-root", type=Path, default=REPO / "runs" / "bench_backtranslation")
@@ -72,7 +74,8 @@ def main() -> None:
     attnmt("train", write_config(base, root, "en-de", reverse, "en", "de", data, reverse_minutes))
     bt = root / "mono.bt.de"
     if not bt.exists():
-        attnmt("translate", root / "en-de", "-i", files["mono.en"], "-o", bt, "--sampling", "--seed", "1")
+        attnmt("translate", root / "en-de", "-i", files["mono.en"], "-o", bt, "--sampling", "--seed", "1",
+               "--top-k", args.top_k)
     tagged = {"src": str(bt), "tgt": str(files["mono.en"]), "tag": "<bt>", "weight": args.weight}
     runs = {"parallel only": write_config(base, root, "de-en", parallel, "de", "en", data, args.minutes),
             "+ tagged back-translation": write_config(base, root, "de-en-bt", [{**parallel, "weight": 1.0},
