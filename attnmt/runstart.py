@@ -151,13 +151,19 @@ def resampler(cfg: Config, train_data: EncodedSplit, tokenizer: Tokenizer) -> Su
     return SubwordSampler(tokenizer, train_data, cfg.tokenizer.sampling, cfg.train.seed, longest_sampled(cfg))
 
 
-def train_sampler(cfg: Config, train: EncodedSplit, world_size: int, rank: int) -> TokenBatchSampler:
+def train_sampler(cfg: Config, train: EncodedSplit, world_size: int, rank: int,
+                  resampled: SubwordSampler | None = None) -> TokenBatchSampler:
     """The training batches: ``train.max_tokens`` each, dealt to ranks, whole accumulation steps; several
-    corpora with weights (``data.train``'s) drawn by them (``batching.corpus_draws``)."""
+    corpora with weights (``data.train``'s) drawn by them (``batching.corpus_draws``). With subword sampling
+    (``resampled``) planned at ``train.max_tokens`` over its measured lengthening, so that a sampled batch
+    fits the budget as often as a plain one does."""
     weights, corpora = cfg.data.weights(), train.corpora or [len(train)]
     if weights is not None and len(corpora) != len(weights):
         raise DataError(f"the prepared training data holds {len(corpora)} corpora, the config lists "
                         f"{len(weights)}: run attnmt prepare again")
-    return TokenBatchSampler(train.lengths, cfg.train.max_tokens, cfg.train.seed, num_replicas=world_size,
+    budget = cfg.train.max_tokens
+    if resampled is not None:
+        budget = max(1, int(budget / resampled.lengthening()))
+    return TokenBatchSampler(train.lengths, budget, cfg.train.seed, num_replicas=world_size,
                              rank=rank, multiple_of=cfg.train.accum_steps,
                              corpora=corpora if weights is not None else None, weights=weights)

@@ -15,7 +15,9 @@ Lengths: a sampled side longer than the model accepts (``data.max_len`` pieces, 
 ``model.max_positions`` - 1) falls back to its deterministic segmentation. Budget: batches are planned
 from the deterministic lengths (``batching.TokenBatchSampler``), and sampling makes most pairs longer;
 a micro-batch whose sampled padded size exceeds ``train.max_tokens`` is cut by the same budget rule
-(``batching.token_batches``) into parts that are run one after another in the same step. The loss is
+(``batching.token_batches``) into parts that are run one after another in the same step; to keep those
+rare, the epochs' batches are planned with ``train.max_tokens`` over the sampled pairs' measured
+lengthening (``SubwordSampler.lengthening``), so that a typical sampled batch fills the budget. The loss is
 still normalised by the step's target tokens, so ``train.max_tokens`` stays a bound on every forward
 pass (an example over it alone still goes alone), at the cost of more, smaller passes.
 """
@@ -115,6 +117,15 @@ class SubwordSampler:
                                         self.sampling.nbest, seed)
             out.append(ids if len(ids) <= self.longest else self.ids[side][index])
         return out[0], out[1]
+
+    def lengthening(self, examples: int = 1000) -> float:
+        """How much longer sampling makes a pair's cost in the token budget (its longer side, BOS/EOS
+        counted): the cost of the first ``examples`` pairs at epoch 0 over their deterministic cost (at
+        least 1). The same for the same seed and data, so a resumed run plans the batches it planned."""
+        rows = range(min(examples, len(self.split)))
+        sampled = sum(max(len(src), len(tgt)) + 1 for src, tgt in (self.pair(i, 0) for i in rows))
+        plain = int(self.split.lengths[: len(rows)].sum())
+        return max(1.0, sampled / plain) if plain else 1.0
 
     def batches(self, indices: Sequence[int] | np.ndarray, epoch: int, max_tokens: int) -> list[Batch]:
         """The examples ``indices`` segmented for ``epoch``, as one ``Batch``, or as several when their padded

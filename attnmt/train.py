@@ -141,7 +141,9 @@ class Trainer:
             self.train_data.align, said = runstart.guided_links(self.cfg, run, self.train_data,
                                                                 self.tokenizer)
             self.log.show(Message(said))
-        self.sampler = runstart.train_sampler(self.cfg, self.train_data, self.dist.world_size, self.dist.rank)
+        self.resampled = runstart.resampler(self.cfg, self.train_data, self.tokenizer)
+        self.sampler = runstart.train_sampler(self.cfg, self.train_data, self.dist.world_size, self.dist.rank,
+                                              self.resampled)
         self.steps_per_epoch = len(self.sampler) // self.tc.accum_steps
         self.total_steps = self.tc.max_steps or self.tc.max_epochs * self.steps_per_epoch
         self._build()
@@ -167,7 +169,7 @@ class Trainer:
         self.optimizer_step = OptimizerStep(self.model, self.ddp_model, forward, self.optimizer,
                                             self.schedule, self.scaler, self.autocast_dtype, self.dist,
                                             self.device, self.tc, self.train_data, self.faults,
-                                            runstart.resampler(self.cfg, self.train_data, self.tokenizer))
+                                            self.resampled)
         if self.tc.tensorboard and self.dist.main:
             self.log.tensorboard = open_tensorboard(run)
 

@@ -2,9 +2,9 @@
 and with ``tokenizer.sampling``, then both scored on its test set (``attnmt eval``: BLEU, chrF).
 
     python scripts/bench_sampling.py configs/multi30k_de_en_transformer.yaml --minutes 30 \\
-        --alpha 0.1 --nbest 64 --run-root runs/bench_sampling/multi30k_de_en
+        --alpha 0.1 --nbest 16 --run-root runs/bench_sampling/multi30k_de_en
     python scripts/bench_sampling.py configs/tatoeba_zh_en_transformer.yaml --minutes 30 \\
-        --alpha 0.1 --nbest 64 --run-root runs/bench_sampling/tatoeba_zh_en
+        --alpha 0.1 --nbest 16 --run-root runs/bench_sampling/tatoeba_zh_en
 
 The data is prepared once (``attnmt prepare``, not timed) and copied into both run folders: sampling changes
 no prepared file. Each run trains in a child process (``attnmt train``) until ``train.max_minutes`` =
@@ -81,9 +81,9 @@ def main() -> None:
     parser.add_argument("config", type=Path)
     parser.add_argument("--minutes", type=float, required=True, help="Training time of each run.")
     parser.add_argument("--alpha", type=float, default=0.1,
-                        help="tokenizer.sampling.alpha (unigram: inverse temperature; bpe: dropout).")
+                        help="tokenizer.sampling.alpha (the inverse temperature).")
     parser.add_argument("--nbest", type=int, default=None,
-                        help="tokenizer.sampling.nbest (unigram only; default: the config's default, 64).")
+                        help="tokenizer.sampling.nbest (default: the config's default, 16).")
     parser.add_argument("--run-root", type=Path, default=None,
                         help="Where the prepared data, the two run folders and the test files go "
                              "(default: runs/bench_sampling/<config name>).")

@@ -11,6 +11,7 @@ through a training run with validation, ``eval`` and ``translate``; bad settings
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -23,13 +24,12 @@ from attnmt import runstart
 from attnmt.batching import collate, load_split
 from attnmt.checkpoint import load_checkpoint, step_file
 from attnmt.cli import app
-from attnmt.config import SamplingConfig, TokenizerConfig, load_config
-from attnmt.encoded import EncodedSplit
+from attnmt.config import SamplingConfig, load_config
 from attnmt.errors import ConfigError, DataError
 from attnmt.prepare import prepare
 from attnmt.runfiles import RunDir
 from attnmt.subword_sampling import SubwordSampler, TextLines, example_seed, longest_sampled
-from attnmt.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
+from attnmt.tokenizer import Tokenizer, load_tokenizer
 
 UNBOUNDED = 10**6
 
@@ -49,7 +49,7 @@ def prepared(tiny):
     return load_split(run, "train"), load_tokenizer(run.tokenizer)
 
 
-def sampler(prepared, alpha: float = 0.5, nbest: int = -1, seed: int = 1, longest: int = UNBOUNDED):
+def sampler(prepared, alpha: float = 0.5, nbest: int = 32, seed: int = 1, longest: int = UNBOUNDED):
     split, tokenizer = prepared
     return SubwordSampler(tokenizer, split, SamplingConfig(alpha=alpha, nbest=nbest), seed, longest)
 
@@ -95,19 +95,9 @@ def test_example_seeds_differ_by_side_epoch_and_index_and_fit_sentencepiece():
 # ------------------------------------------------------------------------------ what is sampled
 
 
-def bpe_split(prepared) -> tuple[EncodedSplit, Tokenizer]:
-    """The same pairs under a BPE tokenizer, their texts held in memory (not in files)."""
-    split, _ = prepared
-    src, tgt = split.src_text, split.tgt_text
-    bpe = train_tokenizer(src, tgt, TokenizerConfig(model_type="bpe", vocab_size=100,
-                                                    normalization="nmt_nfkc", character_coverage=1.0))
-    return EncodedSplit.from_lists(bpe.encode_src(src), bpe.encode_tgt(tgt), tgt, src_text=src), bpe
-
-
-@pytest.mark.parametrize("model_type", ["unigram", "bpe"])
-def test_sampled_pieces_decode_to_the_cleaned_sentence_and_vary(prepared, model_type):
-    split, tokenizer = prepared if model_type == "unigram" else bpe_split(prepared)
-    s = SubwordSampler(tokenizer, split, SamplingConfig(alpha=0.3, nbest=-1), 1, UNBOUNDED)
+def test_sampled_pieces_decode_to_the_cleaned_sentence_and_vary(prepared):
+    split, tokenizer = prepared
+    s = SubwordSampler(tokenizer, split, SamplingConfig(alpha=0.3, nbest=32), 1, UNBOUNDED)
     pairs = every_pair(s, 0)
     changed = 0
     for i, (src, tgt) in enumerate(pairs):
@@ -117,6 +107,26 @@ def test_sampled_pieces_decode_to_the_cleaned_sentence_and_vary(prepared, model_
     assert changed > len(pairs) // 2, changed
     # Deterministic encoding of the same texts is unaffected by the seeded sampling before it.
     assert tokenizer.encode_src(split.src_text[:20]) == [split.src_ids[i] for i in range(20)]
+
+
+def test_the_draws_repeat_in_another_process(prepared, tmp_path):
+    """sentencepiece's own sampling does not (one seed, other draws in each process): the n-best list is
+    sentencepiece's, the draw numpy's, so a resumed run's pieces are the first run's."""
+    import subprocess
+    import sys
+
+    split, tokenizer = prepared
+    (tmp_path / "spm.model").write_bytes(tokenizer.src_model)
+    code = ("import sys, json; from attnmt.tokenizer import Tokenizer\n"
+            "m = open(sys.argv[1], 'rb').read(); t = Tokenizer(m, m, True)\n"
+            "lines = sys.argv[2:]\n"
+            "print(json.dumps([t.sample('src', line, 0.3, 16, 7 + k) for k, line in enumerate(lines)]))")
+    lines = split.src_text[:30]
+    here = [tokenizer.sample("src", line, 0.3, 16, 7 + k) for k, line in enumerate(lines)]
+    there = subprocess.run([sys.executable, "-c", code, str(tmp_path / "spm.model"), *lines],
+                           capture_output=True, text=True, check=True)
+    assert json.loads(there.stdout) == here
+    assert len({tuple(ids) for ids in here}) > 1
 
 
 def test_a_side_too_long_for_the_model_keeps_its_deterministic_pieces(prepared):
@@ -160,6 +170,29 @@ def test_a_micro_batch_that_outgrew_the_budget_is_cut_into_parts_within_it(prepa
     assert sorted(seen) == rows.tolist()
 
 
+def test_sampled_epochs_are_planned_at_the_budget_over_the_measured_lengthening(prepared):
+    """The sampled pairs' mean cost over their plain cost, measured the same way twice; the epochs are
+    planned at train.max_tokens over it, so that fewer micro-batches outgrow the budget and are cut."""
+    from attnmt.config import config_from_dict
+    from attnmt.runstart import train_sampler
+
+    s = sampler(prepared)
+    split = s.split
+    rows = range(min(1000, len(split)))
+    costs = [max(len(src), len(tgt)) + 1 for src, tgt in (s.pair(i, 0) for i in rows)]
+    expected = sum(costs) / int(split.lengths[: len(rows)].sum())
+    assert s.lengthening() == pytest.approx(expected) and expected > 1.02, expected
+    cfg = config_from_dict({"data": {"train": {"format": "toy", "split": "train", "size": 5}},
+                            "model": {"arch": "lstm"}, "train": {"max_tokens": 300}})
+    assert train_sampler(cfg, split, 1, 0, s).max_tokens == int(300 / expected)
+    assert train_sampler(cfg, split, 1, 0).max_tokens == 300
+
+    def outgrown(planned) -> int:  # the planned micro-batches that sampling made outgrow the budget
+        return sum(len(s.batches(indices, 0, 300)) > 1 for indices in planned.batches(0))
+
+    assert outgrown(train_sampler(cfg, split, 1, 0, s)) < outgrown(train_sampler(cfg, split, 1, 0))
+
+
 def test_text_lines_reads_each_line_from_the_file(tmp_path):
     lines = ["eins", "", "zwei – drei", "四五"]
     path = tmp_path / "src.txt"
@@ -178,7 +211,7 @@ def train(config: Path, run: Path, *sets: str):
     return CliRunner().invoke(app, args)
 
 
-SAMPLING = ("tokenizer.sampling.alpha=0.3", "tokenizer.sampling.nbest=-1")
+SAMPLING = ("tokenizer.sampling.alpha=0.3", "tokenizer.sampling.nbest=32")
 
 
 def test_a_resumed_run_with_sampling_equals_the_uninterrupted_one(tiny, tmp_path):
@@ -200,7 +233,7 @@ def test_a_resumed_run_with_sampling_equals_the_uninterrupted_one(tiny, tmp_path
     c = load_checkpoint(plain / "checkpoints" / step_file(30))
     assert not all(torch.equal(a["model"][k], c["model"][k]) for k in a["model"])
     # Another alpha cannot resume the run: its batches would not be the ones it trained on.
-    changed = train(config, resumed, "tokenizer.sampling.alpha=0.2", "tokenizer.sampling.nbest=-1",
+    changed = train(config, resumed, "tokenizer.sampling.alpha=0.2", "tokenizer.sampling.nbest=32",
                     "train.max_steps=31")
     assert changed.exit_code == 2, changed.output
     assert "tokenizer.sampling.alpha: 0.3 -> 0.2" in assert_one_error_line(changed.stderr)
@@ -261,14 +294,15 @@ def test_sampling_needs_no_new_prepare(tiny, tmp_path):
     (["tokenizer.sampling.alpha=1.5"], "--set tokenizer.sampling.alpha: must be <= 1.0, got 1.5"),
     (["tokenizer.sampling.alpha=.nan"], "--set tokenizer.sampling.alpha: must be a finite number"),
     (["tokenizer.sampling.nbest=1"],
-     "--set tokenizer.sampling.nbest: must be -1 (every segmentation) or at least 2 (the n best), got 1"),
-    (["tokenizer.sampling.nbest=-2"],
-     "--set tokenizer.sampling.nbest: must be -1 (every segmentation) or at least 2 (the n best), got -2"),
+     "--set tokenizer.sampling.nbest: must be at least 2 (the n best segmentations to draw from), got 1"),
+    (["tokenizer.sampling.nbest=-1"],
+     "--set tokenizer.sampling.nbest: must be at least 2 (the n best segmentations to draw from), got -1"),
     (["tokenizer.sampling.nbset=4"], "--set tokenizer.sampling.nbset: unknown key (did you mean nbest?)"),
     (["tokenizer.sampling=0.1"], "--set tokenizer.sampling: expected a mapping, got number"),
-    (["tokenizer.model_type=bpe", "tokenizer.sampling.nbest=8"],
-     "--set tokenizer.sampling.nbest: BPE-dropout has no n-best list (alpha is the probability of dropping "
-     "each merge); leave nbest out with model_type bpe"),
+    (["tokenizer.model_type=bpe", "tokenizer.sampling.alpha=0.1"],
+     "--set tokenizer.model_type: bpe cannot go with tokenizer.sampling (unigram only): sentencepiece's "
+     "BPE-dropout cannot be seeded (its draws differ from one process to the next), so a run with it would "
+     "not repeat"),
 ])
 def test_bad_settings_are_one_line_naming_the_key(sets, expected):
     with pytest.raises(ConfigError) as caught:
@@ -295,9 +329,7 @@ def test_sampling_and_guided_alignment_are_refused_together():
         load_config(TOY_CONFIG.with_name("toy_transformer_guided.yaml"), ["tokenizer.sampling.alpha=0.1"])
 
 
-def test_defaults_and_bpe_without_nbest():
+def test_defaults():
     cfg = load_config(TOY_CONFIG, ["tokenizer.sampling={}"])
-    assert (cfg.tokenizer.sampling.alpha, cfg.tokenizer.sampling.nbest) == (0.1, 64)
+    assert (cfg.tokenizer.sampling.alpha, cfg.tokenizer.sampling.nbest) == (0.1, 16)
     assert load_config(TOY_CONFIG).tokenizer.sampling is None
-    bpe = load_config(TOY_CONFIG, ["tokenizer.model_type=bpe", "tokenizer.sampling.alpha=0.2"])
-    assert bpe.tokenizer.sampling.alpha == 0.2
