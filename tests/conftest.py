@@ -48,3 +48,14 @@ def toy_run_copy(toy_run, tmp_path):
 @pytest.fixture(scope="session")
 def tiny(tmp_path_factory) -> TinyRuns:
     return TinyRuns(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture
+def restore_torch_state():
+    """In-process ``attnmt train`` switches on deterministic algorithms; leave the process as it was (the
+    modules that train in process use it for every test: ``pytestmark``)."""
+    import torch
+
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    yield
+    torch.use_deterministic_algorithms(deterministic)

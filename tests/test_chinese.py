@@ -11,7 +11,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
 from helpers import assert_one_error_line, hash_tree
 from typer.testing import CliRunner
 
@@ -30,11 +29,7 @@ def invoke(*args):
     return CliRunner().invoke(app, [str(a) for a in args])
 
 
-@pytest.fixture(autouse=True)
-def _restore_torch_state():
-    deterministic = torch.are_deterministic_algorithms_enabled()
-    yield
-    torch.use_deterministic_algorithms(deterministic)
+pytestmark = pytest.mark.usefixtures("restore_torch_state")  # in-process training: conftest.py
 
 
 def write_config(path: Path, data: dict, tokenizer: dict | None = None, model: dict | None = None) -> Path:

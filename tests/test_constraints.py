@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_decode import Biased, Uncached, assert_same, exhaustive, make_model, sentences
+from test_decode import assert_same, exhaustive, likely_three, make_model, sentences
 from test_translator import LINES, every_model, make_translator, tokenizer  # noqa: F401
 
 from attnmt.batching import collate
 from attnmt.constrained import Constraints, Progress, _Option, allocate, constrained_search
 from attnmt.decode import beam_search
 from attnmt.errors import ConfigError, ConstraintError
-from attnmt.tokenizer import EOS_ID
 
 MODELS = ["transformer", "lstm"]
 
@@ -97,12 +96,7 @@ def test_a_beam_as_wide_as_the_vocabulary_finds_the_best_that_hold_the_phrases(n
     """12 pieces, beam 12, 3 pieces at most; EOS, 4 and 5 likely, the rest (the phrases' 7, 8, 9
     included) at e^-30. The oracle scores every sequence and keeps those that hold every phrase."""
     vocab = 12
-    bias = torch.full((vocab,), -30.0, dtype=torch.float64)
-    bias[[EOS_ID, 4, 5]] = 0
-    base = make_model(name, vocab=vocab)
-    model = Biased(base, bias)
-    oracle = Biased(Uncached(base) if name == "transformer" else base, bias)
-    batch = collate(sentences([4, 2], seed=3, vocab=vocab))
+    model, oracle, batch = likely_three(name, vocab)
     found = constrained_search(model, batch.src, batch.src_mask, [Constraints(phrases)] * 2, vocab, 3, alpha,
                                0, 3)
     for i, hyps in enumerate(found):

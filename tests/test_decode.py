@@ -145,6 +145,16 @@ def test_beam_of_one_is_greedy(name, min_len):
         torch.testing.assert_close(b.attention, g.attention, atol=0, rtol=0)
 
 
+def likely_three(name: str, vocab: int):
+    """A random model whose logits favour EOS, 4 and 5 (the other pieces at e^-30), its oracle (the
+    Transformer without its cache) and a batch of two sentences."""
+    bias = torch.full((vocab,), -30.0, dtype=torch.float64)
+    bias[[EOS_ID, 4, 5]] = 0
+    base = make_model(name, vocab=vocab)
+    oracle = Biased(Uncached(base) if name == "transformer" else base, bias)
+    return Biased(base, bias), oracle, collate(sentences([4, 2], seed=3, vocab=vocab))
+
+
 @every_model
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
 def test_full_width_beam_equals_exhaustive_search(name, alpha):
@@ -152,12 +162,7 @@ def test_full_width_beam_equals_exhaustive_search(name, alpha):
     nine at e^-30, so the 3 * 2^t likely candidates of step t < 3 all fit in the beam and the search
     covers every hypothesis that can rank; the oracle still enumerates all 1 + 11 + 11^2 + 11^3."""
     vocab = 12
-    bias = torch.full((vocab,), -30.0, dtype=torch.float64)
-    bias[[EOS_ID, 4, 5]] = 0
-    base = make_model(name, vocab=vocab)
-    model = Biased(base, bias)
-    oracle = Biased(Uncached(base) if name == "transformer" else base, bias)
-    batch = collate(sentences([4, 2], seed=3, vocab=vocab))
+    model, oracle, batch = likely_three(name, vocab)
     results = beam_search(model, batch.src, batch.src_mask, beam_size=vocab, nbest=vocab,
                           length_penalty=alpha, max_len_a=0, max_len_b=3)
     for i, hyps in enumerate(results):

@@ -42,12 +42,7 @@ from attnmt.toy import toy_pairs
 SOURCES = ["monday , 3 june 2001", "saturday the 4th of april 2004 at 3:15 pm"]
 
 
-@pytest.fixture(autouse=True)
-def _restore_torch_state():
-    """In-process ``attnmt train`` switches on deterministic algorithms; leave the process as it was."""
-    deterministic = torch.are_deterministic_algorithms_enabled()
-    yield
-    torch.use_deterministic_algorithms(deterministic)
+pytestmark = pytest.mark.usefixtures("restore_torch_state")  # in-process training: conftest.py
 
 
 def invoke(*args, input: str | bytes | None = None):

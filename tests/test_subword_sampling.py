@@ -34,12 +34,7 @@ from attnmt.tokenizer import Tokenizer, load_tokenizer
 UNBOUNDED = 10**6
 
 
-@pytest.fixture(autouse=True)
-def _restore_torch_state():
-    """In-process ``attnmt train`` switches on deterministic algorithms; leave the process as it was."""
-    deterministic = torch.are_deterministic_algorithms_enabled()
-    yield
-    torch.use_deterministic_algorithms(deterministic)
+pytestmark = pytest.mark.usefixtures("restore_torch_state")  # in-process training: conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -43,12 +43,7 @@ from attnmt.runfiles import RunDir, RunLock
 KILLED = (-signal.SIGKILL, 128 + signal.SIGKILL)  # subprocess's and a shell's way of saying SIGKILL
 
 
-@pytest.fixture(autouse=True)
-def _restore_torch_state():
-    """In-process ``attnmt train`` switches on deterministic algorithms; leave the process as it was."""
-    deterministic = torch.are_deterministic_algorithms_enabled()
-    yield
-    torch.use_deterministic_algorithms(deterministic)
+pytestmark = pytest.mark.usefixtures("restore_torch_state")  # in-process training: conftest.py
 
 
 @pytest.fixture(scope="module")
