@@ -194,7 +194,8 @@ class Batcher:
         settings = live[0].settings
 
         def translate() -> list[list[Translation]]:
-            found = self.variant(settings).translate(lines, prefixes, settings.words, phrases)
+            found = self.variant(settings).translate(lines, prefixes, words=settings.words,
+                                                     constraints=phrases)
             out, start = [], 0
             for job in live:
                 out.append(found[start:start + len(job.lines)])

@@ -29,7 +29,7 @@ class Recorder:
         recorder = self
 
         class Translator:
-            def translate(self, lines, prefixes=None, words=False):
+            def translate(self, lines, prefixes=None, words=False, constraints=None):
                 recorder.gate.wait(10)
                 if "boom" in lines:
                     raise RuntimeError("boom")
