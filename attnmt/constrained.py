@@ -166,10 +166,10 @@ class _ConstrainedSearch(_BeamSearch):
         """Beam search's, and EOS banned for every row that lacks a phrase, until its limit."""
         logp = super()._log_probs(logits, t, limits, min_len)
         self._room = (limits[self.active] - t - 1).tolist()  # (b,) pieces left after this step's
-        rows = self.active.repeat_interleave(self.K).tolist()
-        lacking = [self.constraints[s].unmet(p) > 0 for s, p in zip(rows, self.progress)]
+        rows = self.active.repeat_interleave(self.K)  # (N,)
+        lacking = [self.constraints[s].unmet(p) > 0 for s, p in zip(rows.tolist(), self.progress)]
         if any(lacking):
-            before_limit = limits[self.active.repeat_interleave(self.K)] > t  # (N,)
+            before_limit = limits[rows] > t  # (N,)
             ban = torch.tensor(lacking, device=logp.device) & before_limit
             logp[:, EOS_ID] = logp[:, EOS_ID].masked_fill(ban, torch.finfo(logp.dtype).min)
         return logp

@@ -33,7 +33,7 @@ import torch
 from .batching import token_batches
 from .checkpoint import sha256_file
 from .config import Config, config_from_dict
-from .decode import Hypothesis, Sampling, check_search_settings
+from .decode import Hypothesis, Sampling, check_search_settings, output_limit
 from .errors import CheckpointError, ConfigError, ResourceError
 from .runfiles import EXPORT_MANIFEST, fsync_dir
 from .tokenizer import BOS_ID, META_FILE, PAD_ID, Tokenizer, load_tokenizer
@@ -339,8 +339,7 @@ class Ct2Translator(Translator):
         rows = 1 if self.sampling else d.beam_size
         order = sorted(range(len(src_ids)), key=lambda i: len(src_ids[i]))
         lengths = [len(ids) + 1 for ids in src_ids]  # + EOS
-        limits = [math.floor(max(length - 1, 0) * d.max_len_a + d.max_len_b) for length in lengths]
-        limits = [max(limit, 1) for limit in limits]  # as decode.max_output_lengths
+        limits = [output_limit(length - 1, d.max_len_a, d.max_len_b) for length in lengths]
         if prefixes is not None:  # as decode.prefix_limits
             limits = [max(limit, len(prefix)) for limit, prefix in zip(limits, prefixes)]
         pieces = [[self._src_vocab[i] for i in ids] for ids in src_ids]

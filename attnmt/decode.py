@@ -38,6 +38,11 @@ def max_output_lengths(src_mask: torch.Tensor, max_len_a: float, max_len_b: int)
     return torch.floor(src_pieces * max_len_a + max_len_b).long().clamp(min=1)
 
 
+def output_limit(src_pieces: int, max_len_a: float, max_len_b: int) -> int:
+    """``max_output_lengths`` of one source of ``src_pieces`` pieces (its EOS excluded)."""
+    return max(math.floor(src_pieces * max_len_a + max_len_b), 1)
+
+
 def gnmt_penalty(length: int, alpha: float) -> float:
     """GNMT length penalty (Wu et al. 2016, eq. 14): lp = ((5 + |Y|) / 6) ** alpha.
 

@@ -24,7 +24,15 @@ from .batching import collate, token_batches
 from .config import DecodeConfig
 from .constrained import Constraints, constrained_search
 from .data import clean
-from .decode import Hypothesis, Sampling, beam_search, check_search_settings, gnmt_penalty, greedy_search
+from .decode import (
+    Hypothesis,
+    Sampling,
+    beam_search,
+    check_search_settings,
+    gnmt_penalty,
+    greedy_search,
+    output_limit,
+)
 from .errors import ConfigError, ConstraintError
 from .models.protocol import TranslationModel
 from .tokenizer import PAD_ID, UNK_ID, Tokenizer
@@ -271,7 +279,7 @@ class Translator:
                 if UNK_ID in pieces:
                     raise ConstraintError(i + 1, f"the phrase {text!r} has a piece the model's target "
                                           "vocabulary lacks (it would come out as an unknown piece)")
-            limit = max(math.floor(len(ids) * d.max_len_a + d.max_len_b), 1)
+            limit = output_limit(len(ids), d.max_len_a, d.max_len_b)
             need = sum(len(p) for p in phrases)
             if need > limit:
                 raise ConstraintError(i + 1, f"the phrases take {need} target pieces, more than the line's "
