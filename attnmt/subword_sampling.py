@@ -1,14 +1,14 @@
 """Subword regularisation (``tokenizer.sampling``): the training pairs segmented anew at every epoch.
 
 Each pair of the training split is read back as its cleaned text (``src.txt``, ``tgt.txt`` of the encoded
-split) and cut into pieces by sentencepiece's sampling: unigram sampling (Kudo 2018) among the ``nbest``
-best segmentations, or BPE-dropout (Provilkov et al. 2020) for a BPE model, each merge dropped with
-probability ``alpha``. Only the optimizer steps' batches of the train split are sampled; validation, the
-test set, ``translate``, ``eval``, ``score`` and every other reader of a split or of the tokenizer keep
+split) and cut into pieces by ``Tokenizer.sample``: unigram sampling (Kudo 2018) among the ``nbest`` best
+segmentations, or BPE-dropout (Provilkov et al. 2020, ``bpe_dropout``) for a BPE model, each merge dropped
+with probability ``alpha``. Only the optimizer steps' batches of the train split are sampled; validation,
+the test set, ``translate``, ``eval``, ``score`` and every other reader of a split or of the tokenizer keep
 the one deterministic segmentation.
 
 Determinism: example i's pieces at epoch e are a pure function of (``train.seed``, e, i, side): the
-generator is reseeded from a hash of those before each sentence. A resumed run, N ranks, or one rank
+generator (numpy's) is seeded from a hash of those for each sentence. A resumed run, N ranks, or one rank
 accumulating N micro-batches see the same pieces, whatever batch an example falls in.
 
 Lengths: a sampled side longer than the model accepts (``data.max_len`` pieces, and for a Transformer
@@ -41,8 +41,7 @@ SIDES = ("src", "tgt")
 
 
 def example_seed(seed: int, epoch: int, index: int, side: str) -> int:
-    """sentencepiece's seed for one side of one example in one epoch (32 bits; 2**32 - 1, which sentencepiece
-    reads as "no seed", never comes out)."""
+    """The seed of one side of one example's draw in one epoch (32 bits)."""
     digest = hashlib.blake2b(f"{seed}/{epoch}/{index}/{side}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") % 0xFFFFFFFF
 

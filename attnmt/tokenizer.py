@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .bpe_dropout import BpeDropout, is_bpe, model_spec
 from .config import TokenizerConfig
 from .errors import CheckpointError, DataError
 
@@ -95,7 +96,7 @@ class Tokenizer:
 
         self._src = spm.SentencePieceProcessor(model_proto=self.src_model)
         self._tgt = self._src if self.joint else spm.SentencePieceProcessor(model_proto=self.tgt_model)
-        self._log_probs: dict[str, np.ndarray] = {}  # each side's pieces' scores, for ``sample``
+        self._samplers: dict[str, BpeDropout | np.ndarray] = {}  # each side's, for ``sample``
         for side, sp in (("source", self._src), ("target", self._tgt)):
             ids = (sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id())
             if ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
@@ -119,20 +120,32 @@ class Tokenizer:
         return self._tgt.encode(texts, out_type=int)
 
     def sample(self, side: str, text: str, alpha: float, nbest: int, seed: int) -> list[int]:
-        """One segmentation of ``text`` by the ``side`` (``src``, ``tgt``) unigram model, a pure function of
-        ``seed``: drawn among its ``nbest`` best segmentations, each weighted by its probability to the
-        power ``alpha`` (Kudo 2018). The n-best list is sentencepiece's (deterministic) and the draw
-        numpy's: sentencepiece's own sampling cannot be seeded (with one seed, its draws differ from one
+        """One segmentation of ``text`` by the ``side`` (``src``, ``tgt``) model, a pure function of ``seed``.
+        A unigram model: drawn among its ``nbest`` best segmentations, each weighted by its probability to
+        the power ``alpha`` (Kudo 2018); the n-best list is sentencepiece's (deterministic) and the draw
+        numpy's. A BPE model: BPE-dropout, each merge dropped with probability ``alpha`` (``bpe_dropout``).
+        Not sentencepiece's own sampling: it cannot be seeded (with one seed, its draws differ from one
         process to the next, so a resumed or a second run would see other pieces)."""
         model = self._src if side == "src" else self._tgt
+        if side not in self._samplers:
+            self._samplers[side] = self._sampler(side)
+        sampler = self._samplers[side]
+        if isinstance(sampler, BpeDropout):
+            return sampler.encode(text, alpha, seed)
         candidates = [ids for ids in model.NBestEncodeAsIds(text, nbest) if ids] or [[]]
         if len(candidates) == 1:
             return candidates[0]
-        if side not in self._log_probs:
-            self._log_probs[side] = np.array([model.GetScore(i) for i in range(model.GetPieceSize())])
-        scores = alpha * np.array([self._log_probs[side][ids].sum() for ids in candidates])
+        scores = alpha * np.array([sampler[ids].sum() for ids in candidates])
         weights = np.exp(scores - scores.max())
         return candidates[int(np.random.default_rng(seed).choice(len(candidates), p=weights / weights.sum()))]
+
+    def _sampler(self, side: str) -> BpeDropout | np.ndarray:
+        """What ``sample`` needs of one side's model: its merges (BPE), or its pieces' log-probabilities."""
+        model, proto = (self._src, self.src_model) if side == "src" else (self._tgt, self.tgt_model)
+        spec = model_spec(proto)
+        if is_bpe(spec):
+            return BpeDropout(model, spec)
+        return np.array([model.GetScore(i) for i in range(model.GetPieceSize())])
 
     def normalize_src(self, text: str) -> str:
         """``text`` as the source model normalizes it before cutting it into pieces (spaces as spaces)."""

@@ -1,5 +1,5 @@
 """Subword regularisation (``tokenizer.sampling``, issue 27 item 5): the training pairs segmented anew at
-every epoch by sentencepiece's sampling, never the dev or test split or decoding.
+every epoch by unigram sampling or BPE-dropout, never the dev or test split or decoding.
 
 Oracles: the same (seed, epoch, example) gives the same pieces in any order, in a fresh sampler, and
 across a resume (the resumed run's weights equal the uninterrupted run's bit for bit); another epoch or
@@ -22,6 +22,7 @@ from typer.testing import CliRunner
 
 from attnmt import runstart
 from attnmt.batching import collate, load_split
+from attnmt.bpe_dropout import is_bpe, model_spec
 from attnmt.checkpoint import load_checkpoint, step_file
 from attnmt.cli import app
 from attnmt.config import SamplingConfig, load_config
@@ -270,6 +271,28 @@ def test_only_training_sentences_are_ever_sampled(tiny, tmp_path, monkeypatch):
     assert translator.encode(dev.src_text).ids == [dev.src_ids[i] for i in range(len(dev))]
 
 
+def test_a_bpe_run_trains_on_bpe_dropouts_pieces(tiny, tmp_path, monkeypatch):
+    """``model_type: bpe`` with sampling: prepared and trained, each step's pairs drawn by BPE-dropout, which
+    cuts some training sentences into more pieces than the BPE model's deterministic encoding."""
+    drawn: list[tuple[str, list[int]]] = []
+    original = Tokenizer.sample
+
+    def spy(self, side, text, *args):
+        drawn.append((text, original(self, side, text, *args)))
+        return drawn[-1][1]
+
+    monkeypatch.setattr(Tokenizer, "sample", spy)
+    run = tmp_path / "run"
+    sets = ("tokenizer.model_type=bpe", "tokenizer.sampling.alpha=0.3", "train.max_steps=3")
+    result = train(tiny.config["transformer"], run, *sets, "train.eval_every=100")
+    assert result.exit_code == 0, result.output
+    tokenizer = load_tokenizer(RunDir(run).tokenizer)
+    assert is_bpe(model_spec(tokenizer.src_model)) and drawn
+    plain = tokenizer.encode_src([text for text, _ in drawn])
+    assert sum(len(ids) > len(p) for (_, ids), p in zip(drawn, plain)) > len(drawn) // 4
+    assert tokenizer.decode_tgt([ids for _, ids in drawn]) == tokenizer.decode_tgt(plain)
+
+
 def test_sampling_needs_no_new_prepare(tiny, tmp_path):
     """The prepared data does not depend on tokenizer.sampling: a prepared run takes it as it is, and
     preparing it again with the setting keeps its tokenizer and writes the same splits."""
@@ -294,10 +317,9 @@ def test_sampling_needs_no_new_prepare(tiny, tmp_path):
      "--set tokenizer.sampling.nbest: must be at least 2 (the n best segmentations to draw from), got -1"),
     (["tokenizer.sampling.nbset=4"], "--set tokenizer.sampling.nbset: unknown key (did you mean nbest?)"),
     (["tokenizer.sampling=0.1"], "--set tokenizer.sampling: expected a mapping, got number"),
-    (["tokenizer.model_type=bpe", "tokenizer.sampling.alpha=0.1"],
-     "--set tokenizer.model_type: bpe cannot go with tokenizer.sampling (unigram only): sentencepiece's "
-     "BPE-dropout cannot be seeded (its draws differ from one process to the next), so a run with it would "
-     "not repeat"),
+    (["tokenizer.model_type=bpe", "tokenizer.sampling.nbest=8"],
+     "--set tokenizer.sampling.nbest: a unigram model's option; with tokenizer.model_type bpe, sampling is "
+     "BPE-dropout, each merge dropped with probability tokenizer.sampling.alpha"),
 ])
 def test_bad_settings_are_one_line_naming_the_key(sets, expected):
     with pytest.raises(ConfigError) as caught:
@@ -328,3 +350,5 @@ def test_defaults():
     cfg = load_config(TOY_CONFIG, ["tokenizer.sampling={}"])
     assert (cfg.tokenizer.sampling.alpha, cfg.tokenizer.sampling.nbest) == (0.1, 16)
     assert load_config(TOY_CONFIG).tokenizer.sampling is None
+    assert load_config(TOY_CONFIG, ["tokenizer.model_type=bpe", "tokenizer.sampling.alpha=0.2"]
+                       ).tokenizer.sampling.alpha == 0.2

@@ -41,16 +41,17 @@ from .data import check_corpora
 
 
 class SamplingConfig(Section):
-    """Subword regularisation (``subword_sampling.py``): every epoch, the training pairs are segmented anew by
-    unigram sampling (Kudo 2018) among each sentence's n best segmentations; dev, test and decoding keep
-    the one deterministic segmentation. A unigram model only: sentencepiece's BPE-dropout (and its sampling
-    over every segmentation) cannot be seeded, so a run with them would not repeat."""
+    """Subword regularisation (``subword_sampling.py``): every epoch, the training pairs are segmented anew,
+    by unigram sampling (Kudo 2018) among each sentence's n best segmentations, or for a BPE model by
+    BPE-dropout (Provilkov et al. 2020); dev, test and decoding keep the one deterministic segmentation.
+    Both are drawn by attnmt, seeded by (``train.seed``, epoch, example), so that a run repeats."""
 
     alpha: Probability1 = 0.1
-    """The inverse temperature: each segmentation's probability raised to alpha (smaller is more varied)."""
+    """unigram: the inverse temperature, each segmentation's probability raised to alpha (smaller is more
+    varied); bpe: the probability of dropping each merge (larger is more varied; 0.1 in the paper)."""
     nbest: Int = 16
-    """Sample among the nbest best segmentations (the cost of a sentence's draw grows with it: about
-    0.1 ms at 16, 0.8 ms at 64)."""
+    """unigram only: sample among the nbest best segmentations (the cost of a sentence's draw grows with it:
+    about 0.1 ms at 16, 0.8 ms at 64)."""
 
     @field_validator("nbest")
     @classmethod
@@ -314,14 +315,13 @@ def _resolve_alignment(cfg: Config, source: str, lines: dict[tuple[str, ...], in
 
 
 def _check_sampling(cfg: Config, source: str, lines: dict[tuple[str, ...], int], overrides) -> None:
-    """``tokenizer.sampling``: a unigram model (BPE-dropout cannot be seeded); guided alignment's links
-    count the pieces of the deterministic segmentation."""
+    """``tokenizer.sampling``: ``nbest`` is a unigram model's (BPE-dropout has no n-best list); guided
+    alignment's links count the pieces of the deterministic segmentation."""
     sampling = cfg.tokenizer.sampling
-    if sampling is not None and cfg.tokenizer.model_type == "bpe":
-        raise ConfigError(f"{_where('tokenizer.model_type', source, lines, overrides)}: bpe cannot go with "
-                          "tokenizer.sampling (unigram only): sentencepiece's BPE-dropout cannot be seeded "
-                          "(its draws differ from one process to the next), so a run with it would not "
-                          "repeat")
+    if sampling is not None and cfg.tokenizer.model_type == "bpe" and "nbest" in sampling.model_fields_set:
+        raise ConfigError(f"{_where('tokenizer.sampling.nbest', source, lines, overrides)}: a unigram "
+                          "model's option; with tokenizer.model_type bpe, sampling is BPE-dropout, each "
+                          "merge dropped with probability tokenizer.sampling.alpha")
     if sampling is not None and cfg.train.alignment is not None:
         raise ConfigError(f"{_where('tokenizer.sampling', source, lines, overrides)}: cannot go with "
                           "train.alignment, whose links count the pieces of the deterministic segmentation")
