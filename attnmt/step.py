@@ -102,6 +102,16 @@ class OptimizerStep:
         return StepResult(False, stop > 0, up > 0, loss_sum, nll_sum, global_tgt, global_tgt + global_src,
                           grad_norm, lr, align_sum if self.cfg.alignment is not None else None)
 
+    def ahead(self, batches: list[list[int]], at: int, epoch: int, done: int) -> None:
+        """With a sampler, the pieces of the step after the one about to run (``done`` steps run, its
+        micro-batches ``batches[at:]`` of ``epoch``) drawn while this one computes; none past
+        ``train.max_steps`` or the epoch's end."""
+        if self.sampler is None or (self.cfg.max_steps and done + 2 > self.cfg.max_steps):
+            return
+        accum = self.cfg.accum_steps
+        for indices in batches[at + accum : at + 2 * accum]:
+            self.sampler.ahead(indices, epoch, self.cfg.max_tokens)
+
     def _parts(self, micro_batches: list[list[int]], step: int, epoch: int) -> list[tuple[int, Batch]]:
         """Each micro-batch as a ``Batch`` with the seed of its randomness; with a sampler, segmented for
         ``epoch``, in as many parts as ``train.max_tokens`` needs."""

@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import mmap
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -106,6 +107,8 @@ class SubwordSampler:
         self.seed, self.longest = seed, longest
         self.texts = {side: texts_of(split, side) for side in SIDES}
         self.ids = {"src": split.src_ids, "tgt": split.tgt_ids}
+        self._thread: ThreadPoolExecutor | None = None  # draws ``ahead``
+        self._coming: dict[tuple, Future] = {}
 
     def pair(self, index: int, epoch: int) -> tuple[list[int], list[int]]:
         """Example ``index``'s (source, target) pieces in ``epoch``."""
@@ -126,10 +129,26 @@ class SubwordSampler:
         plain = int(self.split.lengths[: len(rows)].sum())
         return max(1.0, sampled / plain) if plain else 1.0
 
+    def ahead(self, indices: Sequence[int] | np.ndarray, epoch: int, max_tokens: int) -> None:
+        """Start drawing a coming micro-batch's ``batches`` on a thread of their own, while the current step
+        computes (torch releases the interpreter inside its operations); ``batches`` then takes them."""
+        key = (epoch, max_tokens, tuple(int(i) for i in indices))
+        if len(self._coming) > 64:  # drawn for steps that never came (a run stopped, an epoch cut short)
+            self._coming.clear()
+        if key not in self._coming:
+            if self._thread is None:
+                self._thread = ThreadPoolExecutor(1, thread_name_prefix="attnmt-subword-sampling")
+            self._coming[key] = self._thread.submit(self._batches, key[2], epoch, max_tokens)
+
     def batches(self, indices: Sequence[int] | np.ndarray, epoch: int, max_tokens: int) -> list[Batch]:
         """The examples ``indices`` segmented for ``epoch``, as one ``Batch``, or as several when their padded
-        size would exceed ``max_tokens`` (cut by ``batching.token_batches``, the shortest first)."""
-        rows = [int(i) for i in indices]
+        size would exceed ``max_tokens`` (cut by ``batching.token_batches``, the shortest first). Drawn here,
+        or on the thread ``ahead`` started (the same pieces either way: they depend on nothing else)."""
+        rows = tuple(int(i) for i in indices)
+        coming = self._coming.pop((epoch, max_tokens, rows), None)
+        return coming.result() if coming is not None else self._batches(rows, epoch, max_tokens)
+
+    def _batches(self, rows: tuple[int, ...], epoch: int, max_tokens: int) -> list[Batch]:
         pairs = [self.pair(i, epoch) for i in rows]
         for texts in self.texts.values():
             if isinstance(texts, TextLines):

@@ -1,10 +1,9 @@
 """``fit``: build, loop, validate, checkpoint; resumes exactly, and scales out under torchrun (DDP).
 
-Exactness (``docs/RELIABILITY.md``): the batches of an epoch are a pure function of (seed, epoch)
-(``batching.TokenBatchSampler``), sampled pieces (``subword_sampling``) of (seed, epoch, example), and
-randomness inside a step is reseeded from (seed, step, position of the micro-batch among the step's
-micro-batches on every rank). So a resumed run, or N ranks, or one rank accumulating N micro-batches, all
-draw the same batches and the same dropout masks, and log the same losses.
+Exactness (``docs/RELIABILITY.md``): an epoch's batches are a pure function of (seed, epoch) (``batching.
+TokenBatchSampler``), sampled pieces (``subword_sampling``) of (seed, epoch, example), a step's randomness
+is reseeded from (seed, step, the micro-batch's place among the step's on every rank). So a resumed run, N
+ranks, or one rank accumulating N micro-batches, draw the same batches and dropout, and log the same losses.
 
 The parts: ``runstart`` (what is settled before the loop), ``step`` (one optimizer step), ``distributed``
 (device, ranks), ``optim`` (AdamW, the schedule), ``checkpoint`` (the payload, resume checks), ``keeper``
@@ -251,6 +250,7 @@ class Trainer:
             return StopReason.max_epochs
         batches = self.sampler.batches(p.epoch)
         while p.batch_in_epoch < len(batches):
+            self.optimizer_step.ahead(batches, p.batch_in_epoch, p.epoch, p.step)
             result = self.train_step(batches[p.batch_in_epoch : p.batch_in_epoch + tc.accum_steps])
             p.batch_in_epoch += tc.accum_steps
             epoch_done = p.batch_in_epoch >= len(batches)

@@ -81,7 +81,8 @@ def main() -> None:
     parser.add_argument("config", type=Path)
     parser.add_argument("--minutes", type=float, required=True, help="Training time of each run.")
     parser.add_argument("--alpha", type=float, default=0.1,
-                        help="tokenizer.sampling.alpha (the inverse temperature).")
+                        help="tokenizer.sampling.alpha (unigram: the inverse temperature; bpe, with "
+                             "--set tokenizer.model_type=bpe: the probability of dropping a merge).")
     parser.add_argument("--nbest", type=int, default=None,
                         help="tokenizer.sampling.nbest (default: the config's default, 16).")
     parser.add_argument("--run-root", type=Path, default=None,

@@ -166,6 +166,36 @@ def test_a_micro_batch_that_outgrew_the_budget_is_cut_into_parts_within_it(prepa
     assert sorted(seen) == rows.tolist()
 
 
+def test_pieces_drawn_ahead_on_a_thread_are_the_pieces_drawn_in_place(prepared, monkeypatch):
+    """``ahead`` draws a coming micro-batch on the sampler's thread while the step computes; ``batches``
+    then hands over those very batches, cut by the same budget, and forgets them."""
+    import threading
+
+    threads: set[str] = set()
+    original = Tokenizer.sample
+
+    def spy(self, *args):
+        threads.add(threading.current_thread().name)
+        return original(self, *args)
+
+    rows, budget = np.arange(0, 200, 3), 120
+    expected = sampler(prepared).batches(rows, 4, budget)
+    monkeypatch.setattr(Tokenizer, "sample", spy)
+    s = sampler(prepared)
+    s.ahead(rows, 4, budget)
+    s.ahead(rows[:5], 5, budget)  # one never asked for
+    got = s.batches(rows, 4, budget)
+    assert len(got) == len(expected) > 1
+    for a, b in zip(got, expected):
+        assert all(torch.equal(getattr(a, f), getattr(b, f)) for f in ("src", "tgt_in", "tgt_out", "indices"))
+    assert {name.split("_")[0] for name in threads} == {"attnmt-subword-sampling"}
+    assert list(s._coming) == [(5, budget, tuple(int(i) for i in rows[:5]))]
+    s._coming[5, budget, tuple(int(i) for i in rows[:5])].result()
+    threads.clear()
+    s.batches(rows, 6, budget)  # not drawn ahead: drawn in place
+    assert threads == {threading.current_thread().name}
+
+
 def test_sampled_epochs_are_planned_at_the_budget_over_the_measured_lengthening(prepared):
     """The sampled pairs' mean cost over their plain cost, measured the same way twice; the epochs are
     planned at train.max_tokens over it, so that fewer micro-batches outgrow the budget and are cut."""
