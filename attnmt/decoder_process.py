@@ -55,8 +55,10 @@ class DecoderProcess:
     def variant(self, settings: Settings) -> _Remote:
         return _Remote(self, settings)
 
-    def draw(self, text: str, translation: str) -> Packed:
-        return self.ask("draw", text, translation)
+    def draw(self, text: str, translation: str, source_prefix: str = "") -> Packed:
+        """The explorer's data of (``text``, ``translation``), the source read after ``source_prefix``
+        (a multilingual model's language token)."""
+        return self.ask("draw", text, translation, source_prefix)
 
     def ask(self, *message):
         with self._lock:
@@ -107,7 +109,7 @@ def _child(conn, opener: Callable[[], tuple], threads: int | None) -> None:
                 settings, lines, prefixes, words, constraints = args
                 value = variant(settings).translate(lines, prefixes, words, constraints)
             else:  # "draw": no pair when the translation is empty, so nothing to draw
-                text, translation = args
+                text, translation, translator.source_prefix = args
                 value = pack(explorer_sentences(translator, [text], [translation], KINDS, AlignOptions()), 1)
             reply = ("ok", value)
         except Exception as e:  # noqa: BLE001 - the parent raises it again

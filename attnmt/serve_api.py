@@ -8,7 +8,8 @@ Endpoints (every error is JSON ``{"error": "one line"}``, never a traceback):
   413, and so is a body over what those allow. Answers ``{"translations": [{"outputs": [{"text",
   "score"}], "truncated"}]}``, one entry per sentence in order (a score is null where the model has none
   to give: a CTranslate2 export's single output).
-- ``POST /attention`` ``{"text": "...", "beam_size", "length_penalty"}``: the best translation, its
+- ``POST /attention`` ``{"text": "...", "beam_size", "length_penalty", "prefix", "constraints",
+  "tgt_lang"}``: the best translation, its
   score, the word alignment ``attnmt align`` would read (``[source word, target word]`` pairs) and every
   layer and head of the cross-, encoder self- and decoder self-attention in the explorer's data format
   (``explorer.Packed``: ``data``, ``weights``, ``bytes``).
@@ -71,7 +72,7 @@ class Served:
     translator: Translator  # for the settings and the tokenizer; the decoding is ``draw``'s and the batcher's
     path: Path
     info: dict
-    draw: Callable[[str, str], object]  # (sentence, translation) -> explorer.Packed, on the batcher's thread
+    draw: Callable[[str, str, str], object]  # (sentence, translation, source prefix) -> explorer.Packed
     log: Callable[[str], None]  # one access line (``AccessLog.write``)
     limits: Limits = field(default_factory=Limits)
     cut: bool = False  # a request was cancelled before it was answered (the shutdown ran out of time)
@@ -175,12 +176,17 @@ class TranslateRequest(BaseModel):
 
 
 class AttentionRequest(BaseModel):
-    """The body of ``POST /attention``: one sentence and how to search for its translation."""
+    """The body of ``POST /attention``: one sentence and how to search for its translation (``/translate``'s
+    ``prefix``, ``constraints`` and ``tgt_lang`` for this one sentence, so that the map is of the same
+    translation)."""
 
     model_config = ConfigDict(extra="forbid")
     text: str = Field(description="One sentence.")
     beam_size: StrictInt | None = Field(None, ge=1)
     length_penalty: Number | None = Field(None, ge=0)
+    prefix: StrictStr | None = Field(None, description="What the translation starts with.")
+    constraints: list[StrictStr] | None = Field(None, description="The phrases it must hold.")
+    tgt_lang: StrictStr | None = Field(None, description="A multilingual model's target language.")
 
 
 def settings_for(translator: Translator, beam_size: int | None, nbest: int, length_penalty: float | None,
@@ -198,17 +204,18 @@ def settings_for(translator: Translator, beam_size: int | None, nbest: int, leng
     return Settings(decode.beam_size, decode.nbest, float(decode.length_penalty), sampling, words, prefix)
 
 
-def check_constraints(served: Served, body: TranslateRequest, settings: Settings) -> None:
+def check_constraints(served: Served, lines: list[str], constraints: list[list[str]] | None,
+                      settings: Settings) -> None:
     """Refused (422, naming the sentence) for phrases no search can hold, before the request is batched
     with others that would fail with it; and for a CTranslate2 export, which has no lexical constraints."""
-    if body.constraints is None or not any(body.constraints):
+    if constraints is None or not any(constraints):
         return
     if not served.info["attention"]:
         raise Refused("constraints: a CTranslate2 export has no lexical constraints")
     translator = served.translator.with_overrides(DecodeOverrides(settings.beam_size, settings.nbest))
     translator.source_prefix = settings.source_prefix
     try:
-        translator.encode_constraints(translator.encode(body.lines()), body.constraints)
+        translator.encode_constraints(translator.encode(lines), constraints)
     except ConstraintError as e:
         raise Refused(f"constraints[{e.line - 1}]: {e.reason}") from None
 

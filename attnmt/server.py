@@ -114,7 +114,7 @@ def _add_routes(app: FastAPI, served: Served, batcher: Batcher, page: str) -> No
         draw = body.sampling_settings()
         settings = settings_for(translator, body.beam_size, body.nbest, body.length_penalty, draw,
                                 body.scores == "words", body.tgt_lang, served.data)
-        check_constraints(served, body, settings)
+        check_constraints(served, lines, body.constraints, settings)
         request.state.sentences, request.state.tokens = len(lines), batcher.measure(lines)
         found = await asyncio.wrap_future(batcher.submit(lines, settings, body.prefixes(), body.constraints))
         return {"translations": [result.as_json() for result in found]}
@@ -126,12 +126,16 @@ def _add_routes(app: FastAPI, served: Served, batcher: Batcher, page: str) -> No
             return _error(409, "attention maps need the checkpoint: a CTranslate2 export translates only")
         if not body.text.strip():
             raise Refused("text: expected a sentence, got an empty one")
-        settings = settings_for(translator, body.beam_size, 1, body.length_penalty, None)
+        settings = settings_for(translator, body.beam_size, 1, body.length_penalty, None,
+                                tgt_lang=body.tgt_lang, data=served.data)
+        constraints = [body.constraints] if body.constraints else None
+        check_constraints(served, [body.text], constraints, settings)
         request.state.sentences, request.state.tokens = 1, batcher.measure([body.text])
-        (found,) = await asyncio.wrap_future(batcher.submit([body.text], settings))
+        prefixes = [body.prefix] if body.prefix is not None else None
+        (found,) = await asyncio.wrap_future(batcher.submit([body.text], settings, prefixes, constraints))
         text, score = found.outputs[0]
-
-        packed = await asyncio.wrap_future(batcher.call(lambda: served.draw(body.text, text)))
+        packed = await asyncio.wrap_future(batcher.call(
+            lambda: served.draw(body.text, text, settings.source_prefix)))
         links = packed.data["sentences"][0]["links"] if packed.data["sentences"] else []
         return JSONResponse({"translation": text, "score": score, "truncated": found.truncated,
                              "alignment": links, "data": packed.data, "weights": packed.weights,

@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 from helpers import OFFLINE_ENV, REPO, assert_one_error_line, run_attnmt, trained_for_decoding
+from test_corpora import multilingual  # noqa: F401  (a tiny model into German and Chinese)
 from test_explorer import browser, severe  # noqa: F401  (the headless Chromium fixture)
 
 LINES = ["monday , 3 june 2001", "saturday the 4th of april 2004", "3/6/2001", "the 12th of may 1999",
@@ -175,6 +176,20 @@ def test_attention_is_the_explorers_data(server):
     n_src, n_tgt = (len(sentence["words"][side]["labels"]) for side in ("src", "tgt"))
     assert body["alignment"] == sentence["links"] and body["alignment"]
     assert all(0 <= i < n_src and 0 <= j < n_tgt for i, j in body["alignment"])
+
+
+def test_attention_takes_the_prefix_and_constraints_of_its_translation(server):
+    """``/attention`` with ``prefix`` and ``constraints`` maps the translation ``/translate`` gives them;
+    phrases no search can hold are a 422 there too."""
+    body = {"text": LINES[2], "prefix": "22", "constraints": ["2041"]}
+    answer = server.client.post("/attention", json=body)
+    assert answer.status_code == 200, answer.text
+    expected = best(server.client.post("/translate", json={"text": [LINES[2]], "prefix": ["22"],
+                                                            "constraints": [["2041"]]}).json())[0]
+    assert answer.json()["translation"] == expected and expected.startswith("22") and "2041" in expected
+    assert "2041" in "".join(answer.json()["data"]["sentences"][0]["tgt"]).replace("\u2581", "")
+    long = server.client.post("/attention", json={"text": LINES[2], "constraints": [" ".join("1" * 90)]})
+    assert long.status_code == 422 and long.json()["error"].startswith("constraints[0]: the phrases take ")
 
 
 def test_batching_changes_no_output(server):
@@ -349,6 +364,68 @@ def test_the_page_translates_and_draws_the_attention(server, browser):  # noqa: 
     requested = [json.loads(entry["message"])["message"] for entry in browser.get_log("performance")]
     urls = [m["params"]["request"]["url"] for m in requested if m["method"] == "Network.requestWillBeSent"]
     assert urls and all(u.startswith(server.url) or u.startswith(("data:", "blob:")) for u in urls), urls
+
+
+def test_the_pages_controls_go_with_both_requests(server, browser):  # noqa: F811
+    """A prefix, a phrase to hold and word confidence: the page shows what ``/translate`` answers for them,
+    each word underlined with its probability in its title, and maps that very translation."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.get(server.url + "/")
+    WebDriverWait(browser, 20).until(lambda d: d.execute_script("return window.serveReady !== undefined"))
+    assert browser.find_element(By.ID, "serve-lang-label").get_attribute("hidden")  # one target language
+    browser.find_element(By.ID, "serve-live").click()
+    browser.find_element(By.ID, "serve-input").send_keys(LINES[2] + "\n" + LINES[3])
+    browser.find_element(By.ID, "serve-prefix").send_keys("22")
+    browser.find_element(By.ID, "serve-constraints").send_keys("2041 ; 07")
+    browser.find_element(By.ID, "serve-words").click()  # a change: it translates
+    WebDriverWait(browser, 30).until(lambda d: d.execute_script(
+        "return window.serveTranslations > 0 && window.explorerDraws > 0"))
+    answer = server.client.post("/translate", json={"text": LINES[2:4], "prefix": ["22", "22"],
+                                                    "scores": "words", "constraints": [["2041", "07"]] * 2})
+    answer = answer.json()
+    for li, translation in zip(browser.find_elements(By.CSS_SELECTOR, "#serve-results .serve-tgt"),
+                               answer["translations"], strict=True):
+        output = translation["outputs"][0]
+        assert li.get_attribute("data-text") == output["text"] and output["text"].startswith("22")
+        spans = li.find_elements(By.CSS_SELECTOR, ".word")
+        assert [(w.text, w.get_attribute("title")) for w in spans] == \
+            [(w["word"], f"p = {w['prob']:.3f}") for w in output["words"]]
+    WebDriverWait(browser, 30).until(lambda d: "2041" in d.find_element(By.ID, "explorer-tgt").text)
+    assert severe(browser) == []
+
+
+def test_a_multilingual_models_page_offers_its_languages(multilingual, tmp_path, browser):  # noqa: F811
+    """The language list is the model's; the one chosen goes with ``/translate`` and ``/attention``, whose map
+    reads the source after that language's token."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    server = Server(multilingual, tmp_path / "server.log")
+    try:
+        line = "may 22nd 2040"
+        into = {lang: best(server.client.post("/translate", json={"text": line, "tgt_lang": lang}).json())[0]
+                for lang in ("de", "zh")}
+        assert into["de"] != into["zh"]
+        drawn = server.client.post("/attention", json={"text": line, "tgt_lang": "zh"}).json()
+        assert drawn["translation"] == into["zh"] and "<2zh>" in drawn["data"]["sentences"][0]["src"]
+        browser.get(server.url + "/")
+        WebDriverWait(browser, 20).until(lambda d: d.execute_script("return window.serveReady !== undefined"))
+        languages = Select(browser.find_element(By.ID, "serve-lang"))
+        assert [o.text for o in languages.options] == ["de", "zh"]
+        assert languages.first_selected_option.text == "de"
+        browser.find_element(By.ID, "serve-live").click()
+        browser.find_element(By.ID, "serve-input").send_keys(line)
+        languages.select_by_value("zh")  # a change: it translates
+        WebDriverWait(browser, 30).until(lambda d: d.execute_script(
+            "return window.serveTranslations > 0 && window.explorerDraws > 0"))
+        shown = browser.find_element(By.CSS_SELECTOR, "#serve-results .serve-tgt")
+        assert shown.get_attribute("data-text") == into["zh"]
+        assert "<2zh>" in browser.find_element(By.ID, "explorer-src").text
+        assert severe(browser) == []
+    finally:
+        assert server.stop() == 0
 
 
 def test_a_ctranslate2_export_translates_and_has_no_attention(model, tmp_path):

@@ -1,6 +1,7 @@
 "use strict";
 // attnmt serve's page: the text goes to POST /translate, the chosen sentence to POST /attention, whose
-// answer (the explorer's data) the explorer draws (window.attnmtExplorer, explorer.js).
+// answer (the explorer's data) the explorer draws (window.attnmtExplorer, explorer.js). Both carry the
+// controls: beam, target language, prefix, phrases to hold; /translate also word confidence.
 (function () {
   const $ = (id) => document.getElementById(id);
   const LIVE_MS = 600;  // typing pauses this long before a live translation
@@ -22,7 +23,28 @@
     return answer;
   }
 
-  function item(source, translation, index) {
+  function controls() {
+    // What the controls ask for, in both endpoints' terms: a prefix and phrases (";" between them) for
+    // every sentence, a multilingual model's target language.
+    const asked = {beam_size: Number($("serve-beam").value)};
+    if (!$("serve-lang-label").hidden) asked.tgt_lang = $("serve-lang").value;
+    const prefix = $("serve-prefix").value.trim();
+    const phrases = $("serve-constraints").value.split(";").map((p) => p.trim()).filter((p) => p.length > 0);
+    return {asked, prefix, phrases};
+  }
+
+  function words(output) {
+    // The translation as its words, each underlined by its probability (its title says it).
+    return output.words.map((w) => {
+      const span = document.createElement("span");
+      span.className = "word " + (w.prob < 0.5 ? "low" : w.prob < 0.8 ? "mid" : "high");
+      span.title = "p = " + w.prob.toFixed(3);
+      span.textContent = w.word;
+      return span;
+    });
+  }
+
+  function item(source, output, index) {
     const li = document.createElement("li");
     li.dataset.index = String(index);
     const src = document.createElement("span");
@@ -32,7 +54,8 @@
     const tgt = document.createElement("span");
     tgt.className = "serve-tgt";
     tgt.dir = "auto";
-    tgt.textContent = translation;
+    tgt.dataset.text = output.text;
+    if (output.words) tgt.append(...words(output)); else tgt.textContent = output.text;
     li.append(src, tgt);
     li.addEventListener("click", () => attend(li, source));
     return li;
@@ -45,9 +68,14 @@
     status("translating\u2026");
     const started = performance.now();
     try {
-      const answer = await post("/translate", {text: lines, beam_size: Number($("serve-beam").value)});
+      const {asked: options, prefix, phrases} = controls();
+      const body = {text: lines, ...options};
+      if (prefix) body.prefix = lines.map(() => prefix);
+      if (phrases.length > 0) body.constraints = lines.map(() => phrases);
+      if ($("serve-words").checked) body.scores = "words";
+      const answer = await post("/translate", body);
       if (mine !== asked) return;
-      const items = answer.translations.map((t, k) => item(lines[k], t.outputs[0].text, k));
+      const items = answer.translations.map((t, k) => item(lines[k], t.outputs[0], k));
       $("serve-results").replaceChildren(...items);
       window.serveTranslations += 1;
       status(lines.length + " sentence(s) in " + Math.round(performance.now() - started) + " ms");
@@ -61,7 +89,11 @@
     const mine = ++chosen;
     for (const other of $("serve-results").children) other.classList.toggle("chosen", other === li);
     try {
-      const answer = await post("/attention", {text: source, beam_size: Number($("serve-beam").value)});
+      const {asked: options, prefix, phrases} = controls();
+      const body = {text: source, ...options};
+      if (prefix) body.prefix = prefix;
+      if (phrases.length > 0) body.constraints = phrases;
+      const answer = await post("/attention", body);
       if (mine !== chosen) return;
       if (answer.data.sentences.length === 0) {
         $("serve-attention").hidden = true;
@@ -79,11 +111,15 @@
   $("serve-input").addEventListener("keydown", (e) => {
     if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) { e.preventDefault(); translate(); }
   });
-  $("serve-input").addEventListener("input", () => {
-    clearTimeout(timer);
-    if ($("serve-live").checked) timer = setTimeout(translate, LIVE_MS);
-  });
-  $("serve-beam").addEventListener("change", translate);
+  for (const typed of ["serve-input", "serve-prefix", "serve-constraints"]) {
+    $(typed).addEventListener("input", () => {
+      clearTimeout(timer);
+      if ($("serve-live").checked) timer = setTimeout(translate, LIVE_MS);
+    });
+  }
+  for (const chosen of ["serve-beam", "serve-lang", "serve-words"]) {
+    $(chosen).addEventListener("change", translate);
+  }
 
   fetch("/info").then((r) => r.json()).then((info) => {
     $("serve-model").textContent = info.src_lang + " \u2192 " + info.tgt_lang + "  (" + info.model + ")";
@@ -91,6 +127,12 @@
     const select = $("serve-beam");
     if (![...select.options].some((o) => o.value === beam)) select.append(new Option(beam, beam));
     select.value = beam;
+    const langs = info.tgt_langs || [];
+    if (langs.length > 1) {  // a multilingual model: which language to translate into
+      $("serve-lang").replaceChildren(...langs.map((lang) => new Option(lang, lang)));
+      $("serve-lang").value = info.tgt_lang;
+      $("serve-lang-label").hidden = false;
+    }
     if (!info.attention) status("a CTranslate2 export: translations only, no attention");
     window.serveReady = performance.now();
   }).catch((error) => status("cannot reach the server: " + error, true));
