@@ -319,7 +319,8 @@ def _check_sampling(cfg: Config, source: str, lines: dict[tuple[str, ...], int],
     alignment's links count the pieces of the deterministic segmentation."""
     sampling = cfg.tokenizer.sampling
     # A saved config holds the default nbest: only another value is refused (checkpoints must load again).
-    if sampling is not None and cfg.tokenizer.model_type == "bpe" and sampling.nbest != 16:
+    if sampling is not None and cfg.tokenizer.model_type == "bpe" and (
+            sampling.nbest != SamplingConfig.model_fields["nbest"].default):
         raise ConfigError(f"{_where('tokenizer.sampling.nbest', source, lines, overrides)}: a unigram "
                           "model's option; with tokenizer.model_type bpe, sampling is BPE-dropout, each "
                           "merge dropped with probability tokenizer.sampling.alpha")
