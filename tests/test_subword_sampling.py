@@ -303,7 +303,8 @@ def test_only_training_sentences_are_ever_sampled(tiny, tmp_path, monkeypatch):
 
 def test_a_bpe_run_trains_on_bpe_dropouts_pieces(tiny, tmp_path, monkeypatch):
     """``model_type: bpe`` with sampling: prepared and trained, each step's pairs drawn by BPE-dropout, which
-    cuts some training sentences into more pieces than the BPE model's deterministic encoding."""
+    cuts some training sentences into more pieces than the BPE model's deterministic encoding; the trained run
+    then translates."""
     drawn: list[tuple[str, list[int]]] = []
     original = Tokenizer.sample
 
@@ -321,6 +322,11 @@ def test_a_bpe_run_trains_on_bpe_dropouts_pieces(tiny, tmp_path, monkeypatch):
     plain = tokenizer.encode_src([text for text, _ in drawn])
     assert sum(len(ids) > len(p) for (_, ids), p in zip(drawn, plain)) > len(drawn) // 4
     assert tokenizer.decode_tgt([ids for _, ids in drawn]) == tokenizer.decode_tgt(plain)
+    # The run's saved config loads again: the trained model translates, with nothing sampled.
+    before = len(drawn)
+    translated = CliRunner().invoke(app, ["translate", str(run), drawn[0][0]])
+    assert translated.exit_code == 0, translated.output
+    assert len(drawn) == before
 
 
 def test_sampling_needs_no_new_prepare(tiny, tmp_path):
