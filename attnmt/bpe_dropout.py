@@ -98,14 +98,14 @@ class BpeDropout:
             return list(pieces)
         symbols, serial = list(word), list(range(len(word)))  # a name per symbol, a new one for each merge
         for fresh, i in enumerate(path[:turn], start=len(word)):
-            symbols[i:i + 2], serial[i:i + 2] = [symbols[i] + symbols[i + 1]], [fresh]
+            join(symbols, serial, i, fresh)
         fresh = len(word) + turn
         dropped: set[tuple[int, int]] = set()
         while (i := self.best(symbols, serial, dropped)) is not None:
             if draws[at + turn] < alpha:
                 dropped.add((serial[i], serial[i + 1]))
             else:
-                symbols[i:i + 2], serial[i:i + 2] = [symbols[i] + symbols[i + 1]], [fresh]
+                join(symbols, serial, i, fresh)
                 fresh += 1
             turn += 1
         return symbols
@@ -121,7 +121,7 @@ class BpeDropout:
         """Where each merge of the deterministic encoding of ``word`` is made, in turn, and its pieces."""
         symbols, serial, path = list(word), list(range(len(word))), []
         while (i := self.best(symbols, serial, set())) is not None:
-            symbols[i:i + 2], serial[i:i + 2] = [symbols[i] + symbols[i + 1]], [len(word) + len(path)]
+            join(symbols, serial, i, len(word) + len(path))
             path.append(i)
         return tuple(path), tuple(symbols)
 
@@ -148,6 +148,11 @@ class BpeDropout:
         rng = np.random.default_rng(seed) if alpha > 0 else None
         return self.ids(self.pieces(normalized, alpha, rng))
 
+
+
+def join(symbols: list[str], serial: list[int], i: int, name: int) -> None:
+    """Merge symbol ``i`` with the next, in place; the merged symbol is called ``name`` in ``serial``."""
+    symbols[i:i + 2], serial[i:i + 2] = [symbols[i] + symbols[i + 1]], [name]
 
 
 def model_spec(proto: bytes):

@@ -14,6 +14,8 @@ The runs go one after the other, never side by side: give the machine to them al
 config's ``data.test``, read and cleaned as prepare reads it, translated by each run folder's best checkpoint
 with the config's decode settings. A run folder that exists is continued (a run that finished has nothing
 to do), so an interrupted benchmark goes on where it stopped; remove ``--run-root`` to start again.
+With ``--draws-only`` it stops after preparing and prints what the draws cost: the pieces' lengthening
+and the CPU milliseconds per sentence drawn (also in the full run's table note).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -58,9 +61,10 @@ def progress_of(run: Path) -> dict:
             "minutes": progress["train_seconds"] / 60, "best": best.get("file", latest["file"])}
 
 
-def sampled_length(config: Path, overrides: list[str], run: Path, examples: int = 2000) -> float:
+def sampled_length(config: Path, overrides: list[str], run: Path,
+                   examples: int = 2000) -> tuple[float, float]:
     """How much longer sampling makes the training pairs: their pieces (both sides) at epoch 0 over their
-    deterministic pieces, on the first ``examples`` pairs."""
+    deterministic pieces, on the first ``examples`` pairs; and the draws' CPU milliseconds per sentence."""
     from attnmt.batching import load_split
     from attnmt.config import load_config
     from attnmt.runfiles import RunDir
@@ -70,9 +74,20 @@ def sampled_length(config: Path, overrides: list[str], run: Path, examples: int 
     split = load_split(RunDir(run), "train")
     sampler = resampler(load_config(config, overrides), split, load_tokenizer(RunDir(run).tokenizer))
     rows = range(min(examples, len(split)))
+    sampler.pair(0, 0)  # the model's tables are read once, before the clock
+    started = time.process_time()
     drawn = sum(len(src) + len(tgt) for src, tgt in (sampler.pair(i, 0) for i in rows))
+    cost = (time.process_time() - started) * 1000 / (2 * len(rows))
     rows_array = np.arange(len(rows))
-    return drawn / int(split.src_ids.lengths(rows_array).sum() + split.tgt_ids.lengths(rows_array).sum())
+    plain = int(split.src_ids.lengths(rows_array).sum() + split.tgt_ids.lengths(rows_array).sum())
+    return drawn / plain, cost
+
+
+def draws_only(config: Path, overrides: list[str], prepared: Path) -> None:
+    """``--draws-only``: the lengthening and the draws' cost on the prepared data, no training."""
+    longer, cost = sampled_length(config, overrides, prepared)
+    print(f"{config.name}, {', '.join(overrides)}: pieces {longer:.3f}x, {cost:.3f} ms of CPU per sentence "
+          "drawn (the first 2,000 pairs' sides, epoch 0)")
 
 
 def main() -> None:
@@ -91,6 +106,8 @@ def main() -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         help="Another config override for both runs (repeatable), e.g. train.device=cuda.")
     parser.add_argument("--json", type=Path, help="Write the results here too.")
+    parser.add_argument("--draws-only", action="store_true",
+                        help="Only prepare and measure the draws (pieces, CPU ms per sentence); no training.")
     args = parser.parse_args()
     if args.minutes <= 0:
         parser.error("--minutes must be > 0")
@@ -106,6 +123,8 @@ def main() -> None:
     prepared = root / "prepared"
     if not (prepared / "config.yaml").exists():
         attnmt("prepare", config, "--run-dir", prepared, *sets(args.overrides))
+    if args.draws_only:
+        return draws_only(config, args.overrides + sampling, prepared)
     rows = []
     for name, overrides in variants.items():
         run = root / name
@@ -113,9 +132,9 @@ def main() -> None:
             shutil.copytree(prepared, run, ignore=shutil.ignore_patterns(".lock"))
         attnmt("train", config, "--run-dir", run, *sets(overrides))
         scores = eval_scores(run, root / "test.src", root / "test.ref")
-        longer = sampled_length(config, overrides, run) if name == "sampling" else 1.0
+        longer, cost = sampled_length(config, overrides, run) if name == "sampling" else (1.0, 0.0)
         rows.append({"run": name, "settings": sampling if name == "sampling" else [], **progress_of(run),
-                     "pieces": round(longer, 3), "bleu": scores["bleu"]["score"],
+                     "pieces": round(longer, 3), "draw_ms": round(cost, 3), "bleu": scores["bleu"]["score"],
                      "chrf": scores["chrf"]["score"], "signature": scores["bleu"]["signature"]})
     print(f"\n{args.config.name}, {args.minutes:g} minutes each; test set {root / 'test.src'}")
     print("\n| run | sampling | pieces | steps | epochs | minutes | BLEU | chrF | checkpoint scored |")
@@ -125,7 +144,7 @@ def main() -> None:
               f"{row['steps']} | {row['epochs']} | {row['minutes']:.1f} | {row['bleu']:.2f} | "
               f"{row['chrf']:.2f} | {row['best']} |")
     print("\npieces: the training pairs' pieces at epoch 0 over their deterministic pieces "
-          "(the first 2,000 pairs)")
+          f"(the first 2,000 pairs), drawn at {rows[-1]['draw_ms']:.3f} ms of CPU per sentence")
     print(f"\nBLEU: {rows[0]['signature']}")
     save_rows(rows, args.json)
 
