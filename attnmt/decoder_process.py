@@ -18,13 +18,13 @@ closes.
 
 from __future__ import annotations
 
-import multiprocessing
 import pickle
 import signal
 import threading
 from collections.abc import Callable
 
 from .batcher import Settings
+from .children import spawn_context
 from .errors import ResourceError
 from .explorer import Packed
 
@@ -43,7 +43,7 @@ class _Remote:
 
 class DecoderProcess:
     def __init__(self, opener: Callable[[], tuple], threads: int | None) -> None:
-        context = multiprocessing.get_context("spawn")
+        context = spawn_context()  # spawn, and the child dies with the server however it ends (children.py)
         self._conn, child = context.Pipe()
         self._lock = threading.Lock()
         self.process = context.Process(target=_child, args=(child, opener, threads),

@@ -1,20 +1,34 @@
-"""``python -m attnmt.launch``: ``torchrun`` with the exit-code contract on signals.
+"""``python -m attnmt.launch``: ``torchrun`` with the exit-code contract on signals, and ranks that die
+with it.
 
 torchrun forwards SIGTERM or SIGINT to its workers, which save a checkpoint and exit 143 or 130
 (``docs/RELIABILITY.md``, "Signals"), but the launcher itself then ends with a traceback and exit 1. This
 runs torchrun's own ``main`` with the same arguments and turns that ending into the contract's 128 +
 signal, with one line on stderr; anything else torchrun does is unchanged.
+
+torchrun starts each rank in a session of its own, so a launcher killed outright (SIGKILL, the OOM
+killer) would leave its ranks training. The ranks inherit ``children.PARENT_ENV`` from here, so that each
+``python -m attnmt train`` among them stops as on SIGTERM (a checkpoint at the step boundary, exit 143),
+and is killed if it has not within ``children.GRACE_S``, when this process dies.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
+
+from .children import PARENT_ENV, guard_for
 
 
 def main() -> None:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.run import main as torchrun
 
+    # torchrun's agent starts (and restarts) the ranks from its run loop, on the thread that called its
+    # main (LocalElasticAgent.run -> start_processes -> Popen): this one, the main thread, so the guard
+    # taken here is the one the ranks' spawning thread gives (prctl is safe).
+    os.environ[PARENT_ENV] = guard_for(signal.SIGTERM).to_env()
     try:
         torchrun()
     except SignalException as e:

@@ -3,7 +3,9 @@
 The standard library's ``Pool.imap`` reads its whole input ahead (its feeder thread does not wait for the
 workers), so a 10M-pair corpus would sit in the task queue; here at most two tasks per worker are in
 flight, so memory holds a few chunks whatever the stream's length. Workers are spawned, not forked: the
-caller may hold threads (PyTorch's), which a fork would copy in whatever state they were in. A short
+caller may hold threads (PyTorch's), which a fork would copy in whatever state they were in; and guarded
+(``children.spawn_context``): they die with this process however it ends, where otherwise they would wait
+on their task queue for ever (each holds its write end too, so it never reads end-of-file). A short
 stream (at most ``inline`` chunks) is done in this process, with no start-up cost, and so is everything
 with ``workers=1``; the results are the same either way.
 """
@@ -11,7 +13,6 @@ with ``workers=1``; the results are the same either way.
 from __future__ import annotations
 
 import itertools
-import multiprocessing
 import os
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -19,6 +20,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import TypeVar
 
+from .children import spawn_context
 from .errors import ResourceError
 
 In = TypeVar("In")
@@ -44,8 +46,8 @@ def ordered_map(fn: Callable[[In], Out], items: Iterable[In], workers: int, inli
     if workers <= 1 or len(head) <= inline:
         yield from map(fn, itertools.chain(head, items))
         return
-    context = multiprocessing.get_context("spawn")
-    pool = ProcessPoolExecutor(workers, mp_context=context, initializer=initializer, initargs=initargs)
+    pool = ProcessPoolExecutor(workers, mp_context=spawn_context(), initializer=initializer,
+                               initargs=initargs)
     try:
         pending: deque = deque()
         for item in itertools.chain(head, items):
