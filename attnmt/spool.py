@@ -22,6 +22,7 @@ import numpy as np
 from .config import Source, TokenizerConfig, ToySource
 from .data import clean, drop_reason, raw_pairs
 from .encoded import SplitWriter
+from .errors import os_error
 from .pool import chunked, ordered_map
 from .tokenizer import UNK_ID, Tokenizer
 
@@ -75,7 +76,17 @@ def spool_split(sources: Source | list[Source], name: str, path: Path, workers: 
     corpora = sources if isinstance(sources, list) else [sources]
     prefixes = prefixes or [""] * len(corpora)
     spooled = Spooled(name, path, alignments=isinstance(corpora[0], ToySource))
-    with open(path, "w", encoding="utf-8", newline="\n") as out:
+    try:  # the corpora's own read errors are data's DataErrors: an OSError here is the spool's
+        _write_spool(spooled, corpora, prefixes, workers)
+    except OSError as e:
+        raise os_error(path, e) from None
+    return spooled
+
+
+def _write_spool(spooled: Spooled, corpora: list[Source], prefixes: list[str], workers: int) -> None:
+    """``spool_split``'s work: the corpora's cleaned pairs into ``spooled.path``, counted in ``spooled``."""
+    name = spooled.name
+    with open(spooled.path, "w", encoding="utf-8", newline="\n") as out:
         for source, prefix in zip(corpora, prefixes):
             kept_before = spooled.kept
 
@@ -89,7 +100,6 @@ def spool_split(sources: Source | list[Source], name: str, path: Path, workers: 
                 spooled.kept += kept
                 _merge(spooled.dropped, dropped)
             spooled.parts.append(spooled.kept - kept_before)
-    return spooled
 
 
 def spool_rows(path: Path, size: int | None = None) -> Iterator[list[str]]:
