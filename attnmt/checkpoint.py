@@ -36,9 +36,9 @@ import torch
 from torch.torch_version import TorchVersion
 
 from . import __version__
-from .errors import CheckpointError, ConfigError, DataError, DivergedError, ResourceError
+from .errors import CheckpointError, ConfigError, DataError, DivergedError, ResourceError, os_error
 from .faults import NO_FAULTS, Faults
-from .runfiles import EXPORT_MANIFEST, RunDir, atomic_write_bytes, atomic_write_text, fsync_dir
+from .runfiles import EXPORT_MANIFEST, RunDir, atomic_write_bytes, atomic_write_text, replace_file
 
 log = logging.getLogger(__name__)
 
@@ -88,18 +88,16 @@ def save_checkpoint(run: RunDir, payload: dict[str, Any], step: int,
             handle.flush()
             os.fsync(handle.fileno())
         faults.after_tmp_write()
-        os.replace(tmp, final)
-        fsync_dir(folder)
+        replace_file(tmp, final)  # a step saved again keeps the mode the user gave it
         pointer = {"step": step, "file": final.name, "sha256": sha256_file(final), "format": FORMAT}
         atomic_write_text(folder / "latest.json", json.dumps(pointer, indent=2))
     except BaseException as e:
         tmp.unlink(missing_ok=True)
         if isinstance(e, (KeyboardInterrupt, SystemExit, ResourceError)):
             raise
-        # torch.save reports a short write as RuntimeError ("unexpected pos"), not OSError.
-        cause = ("no space left on device" if "No space left" in str(e) or getattr(e, "errno", None) == 28
-                 else str(e).splitlines()[0])
-        raise ResourceError(f"{final}: cannot write checkpoint: {cause}") from None
+        error = e if isinstance(e, OSError) else e.__context__  # torch.save: a RuntimeError from the OSError
+        raise (os_error(final, error, "write checkpoint") if isinstance(error, OSError) else
+               ResourceError(f"{final}: cannot write checkpoint: {str(e).splitlines()[0]}")) from None
     return pointer
 
 

@@ -17,7 +17,10 @@ run/
 ```
 
 "Nothing lost" (``docs/RELIABILITY.md``): the run folder only ever gains complete files, because
-every file is written to a temporary name in the same folder, fsynced and renamed into place. A run
+every file is written to a temporary name in the same folder, fsynced and renamed into place. A file or
+folder that replaces another keeps what the user set on the one it replaces: its permission bits, and its
+owner and group where this process may set them (``keep_attributes``); a new one gets the umask's mode. A
+failure to write is one error of the contract naming the path (``errors.os_error``). A run
 folder is recognised by its marker, never assumed: ``RunLock`` refuses a folder that holds anything
 else (``check_run_folder``), writes the marker before anything else, and removes what a killed process
 left half-written (``remove_stale``), so attnmt only ever replaces or deletes paths it wrote itself.
@@ -25,20 +28,19 @@ left half-written (``remove_stale``), so attnmt only ever replaces or deletes pa
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import json
 import os
 import re
+import secrets
 import shutil
 import stat
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import ConfigError, ResourceError
+from .errors import ConfigError, ResourceError, os_error
 
 # The file that marks a folder as a CTranslate2 export written by ``attnmt export`` (``ctranslate.py``).
 EXPORT_MANIFEST = "attnmt-export.json"
@@ -95,9 +97,38 @@ class RunDir:
         return self.root / RUN_MARKER
 
 
-def _resource_error(path: Path, e: OSError) -> ResourceError:
-    cause = "no space left on device" if e.errno == errno.ENOSPC else (e.strerror or type(e).__name__).lower()
-    return ResourceError(f"{path}: cannot write: {cause}")
+def keep_attributes(target: int | Path, replaced: Path | os.stat_result | None) -> None:
+    """Give ``target`` (a new file or folder about to take ``replaced``'s place: its open descriptor or its
+    path) what the user set on ``replaced`` (a path, or its ``stat``; missing, or not of the same kind:
+    nothing to keep): the owner and group where this process may set them (else the group alone, else
+    neither), then the permission bits (after the owner: a change of owner clears set-user-ID)."""
+    if not isinstance(replaced, os.stat_result):
+        try:
+            replaced = os.stat(replaced) if replaced is not None else None
+        except (FileNotFoundError, NotADirectoryError):
+            replaced = None
+    own = os.stat(target)
+    if replaced is None or stat.S_IFMT(own.st_mode) != stat.S_IFMT(replaced.st_mode):
+        return
+    if (own.st_uid, own.st_gid) != (replaced.st_uid, replaced.st_gid):
+        for uid in (replaced.st_uid, -1):
+            try:
+                os.chown(target, uid, replaced.st_gid)
+                break
+            except PermissionError:  # EPERM: not the owner's to give away, nor a group of this user's
+                continue
+    os.chmod(target, stat.S_IMODE(replaced.st_mode))
+
+
+def _new_temporary(path: Path) -> tuple[int, Path]:
+    """A new file ``.NAME.tmp-XXXXXXXX`` beside ``path``, open for writing, created with mode 0o666 so that
+    the umask (and a folder's default ACL) decides its mode as for any new file (``mkstemp`` gives 0o600)."""
+    while True:
+        tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(4)}")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666), tmp
+        except FileExistsError:
+            continue
 
 
 def fsync_dir(path: Path) -> None:
@@ -118,7 +149,7 @@ def write_through(path: Path, data: bytes) -> None:
             while view:
                 view = view[handle.write(view):]
     except OSError as e:
-        raise _resource_error(path, e) from None
+        raise os_error(path, e) from None
 
 
 def atomic_write_bytes(path: Path, data: bytes, durable: bool = True) -> None:
@@ -132,37 +163,42 @@ def atomic_write_bytes(path: Path, data: bytes, durable: bool = True) -> None:
     checkpoint or a translation needs; a figure that can be drawn again may skip the cost)."""
     path = Path(path)
     try:
-        mode = os.stat(path).st_mode  # through any link: /dev/stdout into a pipe is a pipe
+        replaced = os.stat(path)  # through any link: /dev/stdout into a pipe is a pipe
     except OSError:
-        mode = None  # a new file
-    if mode is not None and not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+        replaced = None  # a new file
+    if replaced is not None and not stat.S_ISREG(replaced.st_mode) and not stat.S_ISDIR(replaced.st_mode):
         write_through(path, data)  # by the name given: a pipe's /proc target has no name to open
         return
     if path.is_symlink():
         path = Path(os.path.realpath(path))  # the link's final target, replaced in place of the link
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+        fd, tmp = _new_temporary(path)
     except OSError as e:
-        raise _resource_error(path, e) from None
+        raise os_error(path, e) from None
     try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)  # mkstemp creates 0600; give the file the user's usual mode
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             if durable:
                 handle.flush()
                 os.fsync(handle.fileno())
-        os.replace(tmp, path)
-        if durable:
-            fsync_dir(path.parent)
+        replace_file(tmp, path, durable)
     except OSError as e:
-        Path(tmp).unlink(missing_ok=True)
-        raise _resource_error(path, e) from None
+        tmp.unlink(missing_ok=True)
+        raise os_error(path, e) from None
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
+
+
+def replace_file(tmp: Path, final: Path, durable: bool = True) -> None:
+    """Rename the complete file ``tmp`` over ``final`` (the one way a file is replaced), keeping what the
+    user set on ``final`` (``keep_attributes``); ``durable``: and fsync the folder, so that the rename
+    survives a power cut."""
+    keep_attributes(tmp, final)
+    os.replace(tmp, final)
+    if durable:
+        fsync_dir(final.parent)
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -170,17 +206,32 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 def replace_dir(tmp: Path, final: Path) -> None:
-    """Move a fully written folder ``tmp`` to ``final``, replacing an older one only after it is complete.
-    What ``final`` is must be attnmt's: a folder of the run (never a file, nor a link that leads elsewhere;
-    the run folder itself is checked by ``RunLock``)."""
+    """Move a fully written folder ``tmp`` to ``final``, replacing an older one only after it is complete;
+    the new folder and its files keep the attributes of the old ones of the same names
+    (``keep_attributes``). What ``final`` is must be attnmt's: a folder of the run (never a file, nor a
+    link that leads elsewhere; the run folder itself is checked by ``RunLock``). A failure leaves the
+    old folder in place and is the contract's error naming ``final``."""
     old = final.with_name(f".{final.name}.old-{os.getpid()}")
     if final.is_symlink() or (final.exists() and not final.is_dir()):
         shutil.rmtree(tmp, ignore_errors=True)
         raise ConfigError(f"{final}: not a folder attnmt wrote (a file or a link); refusing to replace it")
-    if final.exists():
-        os.replace(final, old)
-    os.replace(tmp, final)
-    fsync_dir(final.parent)
+    try:
+        if final.exists():
+            for folder, _, files in os.walk(tmp):
+                for name in files:
+                    keep_attributes(Path(folder) / name, final / Path(folder).relative_to(tmp) / name)
+            keep_attributes(tmp, final)
+            os.replace(final, old)
+        try:
+            os.replace(tmp, final)
+        except OSError:
+            if old.exists():
+                os.replace(old, final)
+            raise
+        fsync_dir(final.parent)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise os_error(final, e) from None
     if old.exists():
         shutil.rmtree(old, ignore_errors=True)
 
@@ -244,7 +295,7 @@ def check_run_folder(run: RunDir) -> None:
     try:
         entries = [name for name in os.listdir(root) if not _left_by_a_claim(name)]
     except OSError as e:
-        raise _resource_error(root, e) from None
+        raise os_error(root, e, "read") from None
     if entries:
         found = _some_contents(root)
         listing = ", ".join(found[:3]) + (", ..." if len(found) > 3 else "")
@@ -310,7 +361,7 @@ class RunLock:
         except NotADirectoryError:
             raise ResourceError(f"{self.run.root}: run folder path is not a folder") from None
         except OSError as e:
-            raise _resource_error(self.run.root, e) from None
+            raise os_error(self.run.root, e) from None
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
