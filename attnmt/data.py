@@ -188,8 +188,10 @@ def _raw_lines(path: Path | str) -> Iterator[bytes]:
 def _open(path: Path | str) -> Iterator[io.BufferedIOBase]:
     """The bytes of ``path`` (``-``: stdin, left open), gunzipped when they start with gzip's magic; the
     magic is peeked at in the buffer, so pipes work as files do."""
+    own = True
     if str(path) == "-":
-        handle, name = sys.stdin.buffer, STDIN_NAME
+        handle, own = _stdin()
+        name = STDIN_NAME
     else:
         name = str(path)
         try:
@@ -212,8 +214,21 @@ def _open(path: Path | str) -> Iterator[io.BufferedIOBase]:
             raise DataError(f"{name}: cannot read: {(e.strerror or type(e).__name__).lower()}") from None
         yield gzip.GzipFile(fileobj=stream, mode="rb") if head == GZIP_MAGIC else stream
     finally:
-        if handle is not sys.stdin.buffer:
+        if own:
             handle.close()
+
+
+def _stdin() -> tuple[io.BufferedIOBase, bool]:
+    """Standard input's bytes through a descriptor of our own (and True: the caller closes it). A reader
+    thread blocked in a read holds its stream's lock, and the interpreter's shutdown closes
+    ``sys.stdin``: Ctrl-C while ``translate -i -`` waited for a line aborted the process ("could not
+    acquire lock for <stdin> at interpreter shutdown") when the two met. A stdin without a descriptor
+    (a test harness's) is read as it is."""
+    try:
+        fd = sys.stdin.buffer.fileno()
+    except (AttributeError, OSError, ValueError):
+        return sys.stdin.buffer, False
+    return open(os.dup(fd), "rb"), True  # noqa: SIM115 - closed by _open
 
 
 GZIP_MAGIC = b"\x1f\x8b"

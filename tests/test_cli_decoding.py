@@ -8,6 +8,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -216,6 +217,26 @@ def test_a_pipe_gets_each_answer_before_it_sends_the_next_line(ckpt):
     finally:
         process.kill()
     assert answers == translate(ckpt, *SOURCES[:2], "--beam-size", "1")
+
+
+def test_ctrl_c_while_a_pipe_stays_open_exits_130(ckpt):
+    """SIGINT after two answers, stdin still open (its reader thread blocked in a read): exit 130 with
+    nothing on stderr. The reader held ``sys.stdin``'s lock, and the interpreter's shutdown aborted on it
+    (SIGABRT, "could not acquire lock for <stdin> at interpreter shutdown") every time."""
+    process = subprocess.Popen([sys.executable, "-m", "attnmt", "translate", str(ckpt), "--beam-size", "1"],
+                               cwd=REPO, env={**os.environ, **OFFLINE_ENV}, stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
+    try:
+        for source in SOURCES[:2]:
+            process.stdin.write(source + "\n")
+            process.stdin.flush()
+            assert process.stdout.readline().strip()
+        process.send_signal(signal.SIGINT)
+        code = process.wait(timeout=60)
+        assert (code, process.stderr.read()) == (130, "")
+    finally:
+        process.kill()
+        process.stdin.close()
 
 
 def test_megabyte_line_is_truncated_with_one_warning(ckpt):
