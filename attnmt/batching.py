@@ -1,5 +1,5 @@
 """Token ids -> tensors: the ``Batch``, ``collate``, the token budget, a length-bucketed batch sampler,
-and the encoded splits of a run folder read back (``load_split``).
+and the encoded splits of a run folder read back (``load_split``), each held to the run folder's tokenizer.
 
 Letters: B batch, S source length, T target length.
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -20,7 +21,7 @@ from .encoded import EncodedSplit, open_split
 from .errors import DataError
 from .masks import padding_mask
 from .runfiles import RunDir
-from .tokenizer import BOS_ID, EOS_ID, PAD_ID
+from .tokenizer import BOS_ID, EOS_ID, PAD_ID, folder_sha256, load_tokenizer
 
 
 @dataclass
@@ -297,7 +298,33 @@ def alignment_targets(links: Sequence[np.ndarray], T: int, S: int) -> torch.Tens
 
 
 def load_split(run: RunDir, name: str) -> EncodedSplit | None:
-    """The encoded split ``name`` of a prepared run folder, its arrays memory-mapped; None if the config
-    has no such split."""
+    """The encoded split ``name`` of a prepared run folder, its arrays memory-mapped, made by the run
+    folder's tokenizer (``check_made_by``); None if the config has no such split."""
     path = run.split(name)
-    return open_split(path, name) if path.exists() else None
+    if not path.exists():
+        return None
+    split = open_split(path, name)
+    check_made_by(split, path, run)
+    return split
+
+
+def check_made_by(split: EncodedSplit, path: Path, run: RunDir) -> None:
+    """A DataError naming both folders unless ``split`` (read from ``path``) was encoded by the tokenizer in
+    ``run.tokenizer``: a run folder's ``data/`` and ``tokenizer/`` from two runs would feed the model ids of
+    another vocabulary (an embedding read out of range, or training on the wrong pieces in silence)."""
+    fix = f"copy data/ and tokenizer/ together from one run, or run attnmt prepare again on {run.root}"
+    if split.tokenizer_sha256 is not None:
+        here = folder_sha256(run.tokenizer)
+        if split.tokenizer_sha256 != here:
+            raise DataError(f"{path}: encoded by another tokenizer than the one in {run.tokenizer} (sha256 "
+                            f"{split.tokenizer_sha256[:12]}…, that one {here[:12]}…); {fix}")
+        return
+    # A split that an attnmt before the hash wrote is accepted (rather than making every older run folder
+    # prepare again): only its largest ids are held to the vocabulary, one pass over its arrays, which finds a
+    # split from a larger vocabulary (the IndexError it would raise in the embedding), not one of equal size.
+    tokenizer = load_tokenizer(run.tokenizer)
+    src, tgt = split.largest_ids()
+    if src >= tokenizer.src_vocab_size or tgt >= tokenizer.tgt_vocab_size:
+        raise DataError(f"{path}: encoded by another tokenizer than the one in {run.tokenizer} (its ids "
+                        f"reach {src} source, {tgt} target; that one has {tokenizer.src_vocab_size} source, "
+                        f"{tokenizer.tgt_vocab_size} target pieces); {fix}")

@@ -3,7 +3,8 @@
 A prepared split is the folder ``run/data/<split>/``::
 
     split.json                 format, rows, the dtype of the ids, the columns, the pairs of each corpus
-                               (several training corpora, one after another); written last
+                               (several training corpora, one after another), the hash of the tokenizer
+                               that encoded it (``tokenizer_sha256``); written last
     src_ids.bin  tgt_ids.bin   every sentence's token ids, one after another (uint16, or int32 past 65,536)
     src_offsets.bin  tgt_offsets.bin   int64, rows + 1: sentence i is ids[offsets[i]:offsets[i + 1]]
     lines.bin                  int64: the line of its corpus each pair was read from (1-based)
@@ -14,7 +15,9 @@ A prepared split is the folder ``run/data/<split>/``::
 split whole (``runfiles.replace_dir``), so a prepare killed half way leaves no split that looks complete.
 ``open_split`` maps the arrays (``np.memmap``): reading a 10M-pair split costs no memory until a batch
 touches its rows, and there is no Python object per sentence. A split written by attnmt before this
-format (a Hugging Face ``datasets`` folder) is still read, into memory.
+format (a Hugging Face ``datasets`` folder) is still read, into memory. What a split's ids index is the
+tokenizer that wrote them: ``batching.load_split`` holds a split to the run folder's tokenizer by the hash
+in ``split.json`` (a split from before the hash, by its largest ids: ``EncodedSplit.largest_ids``).
 """
 
 from __future__ import annotations
@@ -100,10 +103,11 @@ class Ragged:
 
 class SplitWriter:
     """Writes one split's folder chunk by chunk into ``.NAME.tmp-PID`` beside ``path``; ``commit`` writes
-    ``split.json`` and puts the folder in place of ``path``, whole."""
+    ``split.json`` and puts the folder in place of ``path``, whole. ``tokenizer_sha256``: the hash of the
+    tokenizer that encoded it (``tokenizer.Tokenizer.sha256``), so that no other one reads its ids."""
 
-    def __init__(self, path: Path, dtype: np.dtype, alignments: bool) -> None:
-        self.path, self.dtype = Path(path), np.dtype(dtype)
+    def __init__(self, path: Path, dtype: np.dtype, alignments: bool, *, tokenizer_sha256: str) -> None:
+        self.path, self.dtype, self.tokenizer_sha256 = Path(path), np.dtype(dtype), tokenizer_sha256
         self.tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
         if self.tmp.exists():
             shutil.rmtree(self.tmp)
@@ -137,6 +141,7 @@ class SplitWriter:
             handle.close()
         meta = {"format": FORMAT, "rows": self.rows, "ids_dtype": self.dtype.name,
                 "tokens": dict(self.ends), "alignment": "alignment.txt" in self.files,
+                "tokenizer_sha256": self.tokenizer_sha256,
                 **({"corpora": self.corpora} if self.corpora else {})}
         atomic_write_text(self.tmp / META, json.dumps(meta, indent=2))
         replace_dir(self.tmp, self.path)
@@ -157,6 +162,8 @@ class EncodedSplit:
         self._texts = dict(texts or {})
         self.corpora: list[int] | None = None
         """Several training corpora, one after another: how many pairs each has (``split.json``)."""
+        self.tokenizer_sha256: str | None = None
+        """The hash of the tokenizer that encoded it (``split.json``); None in a split from before it."""
         self.align: list[np.ndarray] | None = None
         """Guided alignment training: per pair, the (target piece, source piece) links its cross-attention
         is taught to follow (``guided.py``); ``batching.batch`` turns them into ``Batch.align``."""
@@ -210,6 +217,18 @@ class EncodedSplit:
     def gold(self, texts: list[str] | None) -> None:
         self._texts["alignment"] = texts
 
+    def largest_ids(self, block: int = 1 << 24) -> tuple[int, int]:
+        """The largest source and target ids (-1 for a side without any), read ``block`` ids at a time, the
+        pages released after each: one pass over the arrays."""
+        largest = []
+        for side in (self.src_ids, self.tgt_ids):
+            top = -1
+            for start in range(0, len(side.values), block):
+                top = max(top, int(side.values[start:start + block].max()))
+                side.release()
+            largest.append(top)
+        return largest[0], largest[1]
+
     @functools.cached_property
     def lengths(self) -> np.ndarray:
         """The cost of each example in a token budget, int32: its longer side, BOS or EOS included.
@@ -251,6 +270,9 @@ def open_split(path: Path, name: str) -> EncodedSplit:
         corpora = [int(n) for n in meta["corpora"]] if "corpora" in meta else None
         if corpora is not None and sum(corpora) != rows:
             raise ValueError(f"corpora of {sum(corpora)} pairs in all, but {rows} rows")
+        made_by = meta.get("tokenizer_sha256")  # absent in a split written before it
+        if made_by is not None and not isinstance(made_by, str):
+            raise ValueError(f"tokenizer_sha256 {made_by!r}")
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise DataError(f"{path}: cannot read the encoded {name} split ({e}); "
                         "run attnmt prepare again") from None
@@ -259,6 +281,7 @@ def open_split(path: Path, name: str) -> EncodedSplit:
         texts["alignment"] = path / "alignment.txt"
     split = EncodedSplit(*sides, lines, texts)
     split.corpora = corpora
+    split.tokenizer_sha256 = made_by
     return split
 
 

@@ -173,7 +173,8 @@ def _encode(cfg: Config, run: RunDir, spooled: Spooled, tokenizer: Tokenizer, wr
     statistics, checked."""
     name, is_train = spooled.name, spooled.name == "train"
     dtype = ids_dtype(max(tokenizer.src_vocab_size, tokenizer.tgt_vocab_size))
-    writers[name] = writer = SplitWriter(run.split(name), dtype, spooled.alignments)
+    writers[name] = writer = SplitWriter(run.split(name), dtype, spooled.alignments,
+                                         tokenizer_sha256=tokenizer.sha256)
     filters = Filters(cfg.data.max_len, cfg.data.max_ratio) if is_train else Filters()
     counts, per_corpus = encode_spooled(spooled, tokenizer, filters, writer, workers)
     if len(per_corpus) > 1:

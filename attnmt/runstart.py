@@ -1,7 +1,7 @@
 """What a training run settles before its loop: settings refused before the run folder is touched
 (``preflight``), the autocast dtype, the weights a fine-tuning run starts from, whether the data must be
-prepared, the guided-alignment links of the training pairs, and the subword sampler of the training pairs.
-``train.Trainer`` calls these once."""
+prepared, the run folder's tokenizer held to its checkpoint (``run_tokenizer``), the guided-alignment links
+of the training pairs, and the subword sampler of the training pairs. ``train.Trainer`` calls these once."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from .batching import EncodedSplit, TokenBatchSampler
-from .checkpoint import diff_dicts, load_model
+from .checkpoint import diff_dicts, load_model, recorded_tokenizer
 from .config import Config, load_config
 from .data import describe_source
 from .distributed import choose_device
@@ -22,7 +22,7 @@ from .languages import bleu_tokenizer, missing_extra
 from .prepare import write_tokenizer
 from .runfiles import RunDir
 from .subword_sampling import SubwordSampler, longest_sampled
-from .tokenizer import Tokenizer, load_tokenizer
+from .tokenizer import Tokenizer, folder_sha256, load_tokenizer, recorded_sha256
 
 
 def preflight(cfg: Config) -> None:
@@ -122,6 +122,21 @@ def data_to_prepare(cfg: Config, run: RunDir) -> bool:
                           "that follows the languages may have changed: tokenizer.normalization for CJK), "
                           "or use another --run-dir")
     return False
+
+
+def run_tokenizer(run: RunDir, found: tuple[Path, dict] | None) -> Tokenizer:
+    """The run folder's tokenizer, the very one its checkpoint (``found``: the one a run resumes from, None
+    for a fresh run) was trained with, compared by hash before sentencepiece parses a byte (crafted models
+    have crashed it). A ``tokenizer/`` and ``checkpoints/`` from two runs is the run folder's parts that
+    disagree: a DataError naming both (exit 3), as a split from another run is (``batching.load_split``).
+    A tokenizer that fails its own sha256s, or a checkpoint with no usable record of its tokenizer, stays
+    a CheckpointError (exit 4)."""
+    recorded = recorded_tokenizer(found[1]) if found is not None else None
+    made_with = recorded_sha256(recorded)
+    if made_with is not None and made_with != folder_sha256(run.tokenizer):
+        raise DataError(f"{run.tokenizer}: another tokenizer than the one {found[0]} was trained with; copy "
+                        "tokenizer/ and checkpoints/ together from one run, or train in another --run-dir")
+    return load_tokenizer(run.tokenizer, recorded)
 
 
 def guided_links(cfg: Config, run: RunDir, train_data: EncodedSplit,

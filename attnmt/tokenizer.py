@@ -1,9 +1,11 @@
 """sentencepiece tokenizers: train (BPE or unigram, joint or separate), save with sha256, load, encode.
 
-Special ids are fixed for every model attnmt trains: pad 0, unk 1, bos 2, eos 3. A tokenizer folder
-holds ``spm.model`` (joint) or ``src.model`` and ``tgt.model``, and ``tokenizer.json`` with the sha256
-of each model file; loading checks those hashes before the sentencepiece C++ loader sees the bytes
-(``docs/RELIABILITY.md``: crafted models have crashed it).
+Special ids are fixed for every model attnmt trains: pad 0, unk 1, bos 2, eos 3 (``specials``, imported
+from here as before). A tokenizer folder holds ``spm.model`` (joint) or ``src.model`` and ``tgt.model``,
+and ``tokenizer.json`` with the sha256 of each model file; loading checks those hashes before the
+sentencepiece C++ loader sees the bytes (``docs/RELIABILITY.md``: crafted models have crashed it). The
+tokenizer's hash (``tokenizer_sha256``), one value from those, is what an encoded split and a checkpoint
+record of the tokenizer they were made with.
 """
 
 from __future__ import annotations
@@ -21,14 +23,21 @@ import numpy as np
 from .bpe_dropout import BpeDropout, is_bpe, model_spec
 from .config import TokenizerConfig
 from .errors import CheckpointError, DataError
+from .specials import BOS_ID, EOS_ID, PAD_ID, SPECIAL_PIECES, UNK_ID
 
-PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
-SPECIAL_PIECES = ("<pad>", "<unk>", "<s>", "</s>")
 META_FILE = "tokenizer.json"
 
 
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def tokenizer_sha256(src_sha256: str, tgt_sha256: str) -> str:
+    """The tokenizer's hash: one value from its two models' sha256s (a joint tokenizer's model is both),
+    what an encoded split, a tokenizer folder and a checkpoint are compared by (``Tokenizer.sha256``,
+    ``folder_sha256``, ``recorded_sha256``). Joint or not does not enter: the same two models give the same
+    ids."""
+    return sha256_bytes(f"{src_sha256}\n{tgt_sha256}".encode("ascii"))
 
 
 def train_model(sentences: Sequence[str], cfg: TokenizerConfig, seed: int = 1,
@@ -169,6 +178,11 @@ class Tokenizer:
     def tgt_pieces(self, ids: list[int]) -> list[str]:
         return [self._tgt.id_to_piece(i) for i in ids]
 
+    @property
+    def sha256(self) -> str:
+        """The tokenizer's hash (``tokenizer_sha256``)."""
+        return tokenizer_sha256(sha256_bytes(self.src_model), sha256_bytes(self.tgt_model))
+
     def fingerprint(self) -> dict:
         """What a checkpoint records to recognise this tokenizer."""
         return {
@@ -231,14 +245,8 @@ def load_tokenizer(folder: Path, expected: dict | None = None) -> Tokenizer:
     checkpoint was trained with, checked before sentencepiece parses a byte of them.
     """
     meta_path = Path(folder) / META_FILE
-    try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        joint, hashes = bool(meta["joint"]), dict(meta["sha256"])
-    except FileNotFoundError:
-        raise CheckpointError(f"{meta_path}: not found (no tokenizer in {folder})") from None
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise CheckpointError(f"{meta_path}: unreadable tokenizer metadata ({type(e).__name__})") from None
-    names = ["spm.model"] if joint else ["src.model", "tgt.model"]
+    joint, hashes = _read_meta(Path(folder))
+    names = model_names(joint)
     if expected is not None:
         wanted = ([expected.get("src_sha256")] if joint
                   else [expected.get("src_sha256"), expected.get("tgt_sha256")])
@@ -251,6 +259,43 @@ def load_tokenizer(folder: Path, expected: dict | None = None) -> Tokenizer:
             raise CheckpointError(f"{meta_path}: no sha256 recorded for {name}")
         models.append(load_model_file(Path(folder) / name, hashes[name]))
     return _from_bytes(models, joint, Path(folder))
+
+
+def model_names(joint: bool) -> list[str]:
+    """The model files of a tokenizer folder: (source, target), or the joint one."""
+    return ["spm.model"] if joint else ["src.model", "tgt.model"]
+
+
+def _read_meta(folder: Path) -> tuple[bool, dict]:
+    """A tokenizer folder's ``tokenizer.json``: whether it is joint, and the sha256 of each model file."""
+    meta_path = folder / META_FILE
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        return bool(meta["joint"]), dict(meta["sha256"])
+    except FileNotFoundError:
+        raise CheckpointError(f"{meta_path}: not found (no tokenizer in {folder})") from None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{meta_path}: unreadable tokenizer metadata ({type(e).__name__})") from None
+
+
+def folder_sha256(folder: Path) -> str:
+    """The hash (``tokenizer_sha256``) of the tokenizer in ``folder``, from the sha256s its
+    ``tokenizer.json`` records (which ``load_tokenizer`` checks the model files against): no model is read."""
+    joint, hashes = _read_meta(Path(folder))
+    names = model_names(joint)
+    try:
+        return tokenizer_sha256(str(hashes[names[0]]), str(hashes[names[-1]]))
+    except KeyError as e:
+        raise CheckpointError(f"{Path(folder) / META_FILE}: no sha256 recorded for {e.args[0]}") from None
+
+
+def recorded_sha256(fingerprint: dict | None) -> str | None:
+    """The hash (``tokenizer_sha256``) of the tokenizer a checkpoint records (``Tokenizer.fingerprint``);
+    None without one, or when it lacks the sha256s (that checkpoint's own loading says so)."""
+    if not isinstance(fingerprint, dict):
+        return None
+    src, tgt = fingerprint.get("src_sha256"), fingerprint.get("tgt_sha256")
+    return tokenizer_sha256(src, tgt) if isinstance(src, str) and isinstance(tgt, str) else None
 
 
 def load_external(src_path: Path, tgt_path: Path | None) -> Tokenizer:

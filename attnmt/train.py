@@ -31,7 +31,6 @@ from .checkpoint import (
     fingerprint,
     latest_checkpoint,
     read_pointer,
-    recorded_tokenizer,
     restore_training,
     save_checkpoint,
     sha256_file,
@@ -59,7 +58,7 @@ from .runlog import (
     open_tensorboard,
 )
 from .step import OptimizerStep, StepResult
-from .tokenizer import PAD_ID, load_tokenizer
+from .tokenizer import PAD_ID
 from .validation import Validator
 
 log = logging.getLogger(__name__)
@@ -133,7 +132,7 @@ class Trainer:
         # The checkpoint names its tokenizer, so a swapped model file is refused before sentencepiece
         # parses it.
         found = latest_checkpoint(run)
-        self.tokenizer = load_tokenizer(run.tokenizer, recorded_tokenizer(found[1] if found else None))
+        self.tokenizer = runstart.run_tokenizer(run, found)
         self.train_data = load_split(run, "train")
         dev_data = load_split(run, "dev")
         if self.tc.alignment is not None:

@@ -14,10 +14,14 @@ import json
 import numpy as np
 import pytest
 from helpers import TINY_MODELS, TINY_TRAIN, assert_one_error_line, train_cli
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from attnmt.batching import TokenBatchSampler, corpus_draws
-from attnmt.config import config_from_dict
+from attnmt.config import TokenizerConfig, config_from_dict
 from attnmt.errors import ConfigError
+from attnmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, SPECIAL_PIECES, UNK_ID, train_on_samples
+from attnmt.toy import toy_pairs
 
 TOY = {"format": "toy", "split": "train"}
 
@@ -81,6 +85,55 @@ def test_bad_corpora_name_their_key(data, message):
     with pytest.raises(ConfigError) as found:
         config_from_dict(config)
     assert message in str(found.value)
+
+
+RESERVED = [*SPECIAL_PIECES, "<0x41>", "<0x0A>", "<0xFF>", "\u2581", "<bt>\u2581", "a\x00b"]
+
+
+@pytest.mark.parametrize("tag", RESERVED)
+@pytest.mark.parametrize("listed", [False, True])
+def test_a_tag_sentencepiece_keeps_for_itself_is_refused_naming_its_key(tmp_path, tag, listed):
+    """Every special piece (and a byte's piece, sentencepiece's space mark, a NUL) as a corpus's tag: exit 2
+    when the config is read, one line naming ``data.train.N.tag`` at its line (before: exit 4 about
+    sentencepiece's special ids, or exit 3 from its training)."""
+    from typer.testing import CliRunner
+
+    from attnmt.cli import app
+
+    tagged = {**TOY, "size": 5, "seed": 2, "tag": tag}
+    train = [{**TOY, "size": 5}, tagged] if listed else tagged
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(data_config(train), indent=1), encoding="utf-8")
+    key = "data.train.1.tag" if listed else "data.train.tag"
+    lines = path.read_text(encoding="utf-8").splitlines()
+    line = next(n for n, text in enumerate(lines, 1) if '"tag"' in text)
+    result = CliRunner().invoke(app, ["prepare", str(path), "--run-dir", str(tmp_path / "run")])
+    assert result.exit_code == 2, result.output
+    assert f"{path}:{line}: {key}: {tag!r} cannot be a tag" in assert_one_error_line(result.stderr)
+    assert not (tmp_path / "run").exists()
+
+
+TAG_TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Z",)), min_size=1, max_size=5)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.one_of(st.sampled_from(RESERVED), TAG_TEXT, TAG_TEXT.map(lambda t: f"<{t}>")), st.booleans())
+def test_every_tag_the_config_takes_is_one_piece_of_the_tokenizer(tag, byte_fallback):
+    """The class, not the cases: a tag the config accepts is a piece of its own in the tokenizer prepare
+    trains (sentencepiece trained with it as a user-defined symbol, on sources that start with it); a tag it
+    cannot keep is refused when the config is read, naming the key."""
+    config = data_config([{**TOY, "size": 5}, {**TOY, "size": 5, "tag": tag}])
+    try:
+        cfg = config_from_dict(config)
+    except ConfigError as e:
+        assert "data.train.1.tag: " in str(e)
+        return
+    sources = [f"{tag} {src}" for src, _, _ in toy_pairs("train", 60)]
+    tokenizer_cfg = TokenizerConfig(vocab_size=400 if byte_fallback else 64, hard_vocab_limit=False,
+                                    byte_fallback=byte_fallback)
+    tokenizer = train_on_samples([sources], tokenizer_cfg, symbols=cfg.data.control_tokens())
+    assert tokenizer.single_piece(tag)
+    assert tokenizer.src_pieces([PAD_ID, UNK_ID, BOS_ID, EOS_ID]) == list(SPECIAL_PIECES)
 
 
 def test_guided_alignment_needs_one_corpus():

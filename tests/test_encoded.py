@@ -19,6 +19,7 @@ from attnmt.encoded import EncodedSplit, Ragged, SplitWriter, ids_dtype, open_sp
 from attnmt.errors import DataError
 from attnmt.spool import histogram_percentile
 
+MADE_BY = "0" * 64  # the hash of the tokenizer the splits written here pretend to come from
 ROWS = st.lists(st.lists(st.integers(4, 60_000), max_size=9), min_size=1, max_size=12)
 
 
@@ -56,7 +57,7 @@ def test_percentile_from_a_histogram_is_numpys(values, p):
 
 
 def write(path: Path, src, tgt, texts=True) -> None:
-    writer = SplitWriter(path, ids_dtype(1000), alignments=True)
+    writer = SplitWriter(path, ids_dtype(1000), alignments=True, tokenizer_sha256=MADE_BY)
     for start in range(0, len(src), 2):  # two rows a chunk, so that offsets carry over chunks
         s, t = src[start : start + 2], tgt[start : start + 2]
         writer.append({"src_ids": [i for r in s for i in r], "tgt_ids": [i for r in t for i in r],
@@ -78,13 +79,14 @@ def test_a_written_split_reads_back_mapped(tmp_path):
     assert isinstance(split.src_ids.values, np.memmap) and split.src_ids.values.dtype == np.uint16
     assert list(split.src_ids) == SRC and list(split.tgt_ids) == TGT and split.src_ids[1:3] == SRC[1:3]
     assert split.lines.tolist() == [1, 2, 3, 4] and split.src_text[0] == "s0 猫" and split.gold == ["0-0"] * 4
+    assert split.tokenizer_sha256 == MADE_BY and split.largest_ids() == (13, 26)
     assert split.lengths.tolist() == [max(len(s), len(t)) + 1 for s, t in zip(SRC, TGT)]
     assert split.lengths.dtype == np.int32
     assert not [name for name in os.listdir(tmp_path) if name != "train"]  # no temporary left
 
 
 def test_an_unfinished_split_is_never_read_as_whole(tmp_path):
-    writer = SplitWriter(tmp_path / "train", ids_dtype(1000), alignments=False)
+    writer = SplitWriter(tmp_path / "train", ids_dtype(1000), alignments=False, tokenizer_sha256=MADE_BY)
     writer.append({"src_ids": [5], "tgt_ids": [6], "src_lengths": np.array([1]),
                    "tgt_lengths": np.array([1]), "lines": np.array([1]), "src": ["a"], "tgt": ["b"]})
     assert not (tmp_path / "train").exists()  # written beside it until committed
@@ -106,6 +108,26 @@ def test_a_truncated_array_is_refused(tmp_path):
     assert meta["rows"] == 4 and meta["tokens"] == {"src": 9, "tgt": 7}
 
 
+@settings(max_examples=60, deadline=None)
+@given(ROWS, ROWS, st.integers(1, 7))
+def test_the_largest_ids_are_the_lists_max_across_blocks(src, tgt, block):
+    split = EncodedSplit(Ragged.from_lists(src, np.uint16), Ragged.from_lists(tgt, np.uint16))
+    want = tuple(max((i for row in rows for i in row), default=-1) for rows in (src, tgt))
+    assert split.largest_ids(block) == want
+
+
+@pytest.mark.parametrize("made_by", [7, ["a"], {"sha256": "a"}])
+def test_a_tokenizer_hash_that_is_not_text_is_refused(tmp_path, made_by):
+    write(tmp_path / "dev", SRC, TGT)
+    meta = json.loads((tmp_path / "dev" / "split.json").read_text())
+    (tmp_path / "dev" / "split.json").write_text(json.dumps({**meta, "tokenizer_sha256": made_by}))
+    with pytest.raises(DataError, match=r"cannot read the encoded dev split \(tokenizer_sha256 .*; run"):
+        open_split(tmp_path / "dev", "dev")
+    del meta["tokenizer_sha256"]  # a split from before the hash
+    (tmp_path / "dev" / "split.json").write_text(json.dumps(meta))
+    assert open_split(tmp_path / "dev", "dev").tokenizer_sha256 is None
+
+
 def test_ids_past_65536_are_kept_whole():
     assert ids_dtype(1 << 16) == np.uint16 and ids_dtype((1 << 16) + 1) == np.int32
 
@@ -120,7 +142,7 @@ def test_reading_rows_leaves_no_mapped_pages_behind(tmp_path, monkeypatch):
     after each read (``Ragged.release``), so the resident memory does not gather the split as a long run
     reads it; without the release, the kernel's 64 KB fault-around maps most of it."""
     rows, width = 400_000, 7
-    writer = SplitWriter(tmp_path / "train", ids_dtype(1000), alignments=False)
+    writer = SplitWriter(tmp_path / "train", ids_dtype(1000), alignments=False, tokenizer_sha256=MADE_BY)
     ids = np.arange(rows * width) % 997
     writer.append({"src_ids": ids, "tgt_ids": ids, "src_lengths": np.full(rows, width),
                    "tgt_lengths": np.full(rows, width), "lines": np.arange(1, rows + 1),

@@ -22,6 +22,7 @@ from pydantic import StrictStr as Str
 
 from ..errors import ConfigError
 from ..model_config import PositiveInt, Section
+from ..specials import reserved_because
 
 LangCode = Annotated[str, StringConstraints(strict=True, pattern=r"^[A-Za-z][A-Za-z0-9_-]*$")]
 Token = Annotated[str, StringConstraints(strict=True, pattern=r"^\S+$")]
@@ -160,6 +161,12 @@ class DataConfig(Section):
         targets = [target_token(lang) for lang in self.target_languages()] if self.multilingual else []
         return targets + sorted({c.tag for c in self.corpora() if c.tag} - set(targets))
 
+    def corpus_keys(self) -> list[str]:
+        """Each training corpus's key as messages name it: ``data.train`` (one), ``data.train.N`` (a list)."""
+        if not isinstance(self.train, list):
+            return ["data.train"]
+        return [f"data.train.{i}" for i in range(len(self.train))]
+
     def weights(self) -> list[float] | None:
         """Each training corpus's weight (1 where unset), or None when no corpus has one."""
         corpora = self.corpora()
@@ -195,8 +202,14 @@ def check_corpora(data: DataConfig, where: Callable[[str], str]) -> None:
         if data.multilingual and lang not in langs:
             key = f"data.{split}.tgt_lang" if source.tgt_lang else "data.tgt_lang"
             raise ConfigError(f"{where(key)}: {lang}, but the training corpora go into {', '.join(langs)}")
-    tags = {c.tag for c in data.corpora() if c.tag}
-    clash = tags & {target_token(lang) for lang in langs}
-    if clash and data.multilingual:
-        raise ConfigError(f"{where('data.train')}: the tag {sorted(clash)[0]} is also a target-language "
-                          "token")
+    targets = {target_token(lang) for lang in langs} if data.multilingual else set()
+    # A target-language token <2xx> is never reserved (a language code is letters, digits, _ and -): tags are.
+    for key, corpus in zip(data.corpus_keys(), data.corpora(), strict=True):
+        if not corpus.tag:
+            continue
+        why = reserved_because(corpus.tag)
+        if why is not None:
+            raise ConfigError(f"{where(f'{key}.tag')}: {corpus.tag!r} cannot be a tag: {why}; choose another "
+                              "(such as <bt>)")
+        if corpus.tag in targets:
+            raise ConfigError(f"{where(f'{key}.tag')}: the tag {corpus.tag} is also a target-language token")
