@@ -46,7 +46,6 @@ and the de/en file names swapped)::
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -57,6 +56,9 @@ import time
 from pathlib import Path
 
 from eflomal_align import align_words, corpus_words, read_links, symmetrized, write_links
+from scriptargs import InputFolder, Model, Number, OutputFolder, ScriptParser, guarded, require_module
+
+from attnmt.errors import DataError
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data" / "multi30k"
@@ -165,37 +167,56 @@ def fmt(x: float | None, spec: str = ".1f") -> str:
     return "—" if x is None else format(x, spec)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", type=Path, required=True, help="a de-en run folder or checkpoint")
-    ap.add_argument("--reverse", type=Path, help="an en-de run folder or checkpoint: also align both ways")
-    ap.add_argument("--data", type=Path, default=DATA, help="the Multi30k folder (default: %(default)s)")
+def build_parser() -> ScriptParser:
+    ap = ScriptParser(description=__doc__)
+    ap.add_argument("--model", type=Model(), required=True, help="a de-en run folder or checkpoint")
+    ap.add_argument("--reverse", type=Model(), help="an en-de run folder or checkpoint: also align both ways")
+    ap.add_argument("--data", type=InputFolder(), default=DATA,
+                    help="the Multi30k folder (default: %(default)s)")
     ap.add_argument("--split", default="test_2016_flickr")
     ap.add_argument("--src-lang", default="de")
     ap.add_argument("--tgt-lang", default="en")
-    ap.add_argument("--eflomal-train", type=int, default=29000,
+    ap.add_argument("--eflomal-train", type=Number(int, low=0), default=29000,
                     help="training pairs eflomal also aligns for its statistics (default: all 29,000)")
-    ap.add_argument("--layers", type=int, nargs="*", default=[1, 2, 3],
+    ap.add_argument("--layers", type=Number(int, low=1), nargs="*", default=[1, 2, 3],
                     help="cross-attention layers to try alone (1-based)")
-    ap.add_argument("--out", type=Path, default=REPO / "runs" / "bench_align",
+    ap.add_argument("--out", type=OutputFolder(), default=REPO / "runs" / "bench_align",
                     help="folder for the alignment files and bench_align.json (default: %(default)s)")
-    ap.add_argument("--runs", type=int, default=3, help="rounds; each times every aligner once")
-    ap.add_argument("--threads", type=int, default=2, help="OpenMP/torch threads of eflomal and attnmt")
+    ap.add_argument("--runs", type=Number(int, low=1), default=3,
+                    help="rounds; each times every aligner once")
+    ap.add_argument("--threads", type=Number(int, low=1), default=2,
+                    help="OpenMP/torch threads of eflomal and attnmt")
     ap.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda"],
                     help="attnmt align's --device")
-    args = ap.parse_args()
+    ap.checks.append(check_data)
+    return ap
+
+
+def corpus_file(args, split: str, lang: str) -> Path:
+    return args.data / f"{split}.{lang}.gz"
+
+
+def check_data(args) -> None:
+    """The split's and the training corpus's two sides are in --data."""
+    for split in (args.split, "train"):
+        for lang in (args.src_lang, args.tgt_lang):
+            if not corpus_file(args, split, lang).is_file():
+                raise DataError(f"--data {args.data}: no {corpus_file(args, split, lang).name} in it")
+
+
+@guarded
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    require_module("eflomal", "bench_align needs eflomal: pip install -e '.[align]'")
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # eflomal's binary and the attnmt subprocesses
     args.out.mkdir(parents=True, exist_ok=True)
 
-    def side(split: str, lang: str) -> Path:
-        return args.data / f"{split}.{lang}.gz"
-
-    src, tgt = side(args.split, args.src_lang), side(args.split, args.tgt_lang)
+    src, tgt = corpus_file(args, args.split, args.src_lang), corpus_file(args, args.split, args.tgt_lang)
     split = (corpus_words(src), corpus_words(tgt))
-    train = (corpus_words(side("train", args.src_lang), args.eflomal_train),
-             corpus_words(side("train", args.tgt_lang), args.eflomal_train))
+    train = (corpus_words(corpus_file(args, "train", args.src_lang), args.eflomal_train),
+             corpus_words(corpus_file(args, "train", args.tgt_lang), args.eflomal_train))
     if len(split[0]) != len(split[1]) or len(train[0]) != len(train[1]):
-        sys.exit(f"{args.src_lang} and {args.tgt_lang} sides differ in length under {args.data}")
+        raise DataError(f"{args.src_lang} and {args.tgt_lang} sides differ in length under {args.data}")
     n = len(split[0])
     print(f"{args.split}: {n} pairs; eflomal also sees {len(train[0])} training pairs", flush=True)
 

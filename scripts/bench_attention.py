@@ -11,8 +11,9 @@ over n >= 1024, printed beside the exponent the tutorials claim (within 0.25: ok
 
 from __future__ import annotations
 
-import argparse
 import sys
+
+from scriptargs import Number, ScriptParser, guarded
 
 from attnmt.growth import CLAIMED, COMPLEXITY, LENGTHS, MODES, claimed_within, fit_lengths, measure_growth
 
@@ -49,13 +50,21 @@ def report(growth) -> None:
               f"{fmt(growth.exponent(kernel, 'backward', 'mib'), '.2f'):>9}  {verdict}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--max-len", type=int, default=max(LENGTHS), help="longest length (default 8192)")
-    parser.add_argument("--repeats", type=int, default=3, help="timed calls per measurement (default 3)")
-    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+def build_parser() -> ScriptParser:
+    parser = ScriptParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--max-len", type=Number(int, low=min(LENGTHS)), default=max(LENGTHS),
+                        help="longest length (default 8192)")
+    parser.add_argument("--repeats", type=Number(int, low=1), default=3,
+                        help="timed calls per measurement (default 3)")
+    parser.add_argument("--threads", type=Number(int, low=1), default=1,
+                        help="torch intra-op threads (default 1)")
     parser.add_argument("--kernels", nargs="+", default=list(CLAIMED), choices=list(CLAIMED))
-    args = parser.parse_args()
+    return parser
+
+
+@guarded
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     lengths = [n for n in LENGTHS if n <= args.max_len]
     growth = measure_growth(args.kernels, lengths, args.repeats, args.threads,
                             on_done=lambda label: print(label, file=sys.stderr, flush=True))

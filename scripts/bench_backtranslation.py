@@ -13,15 +13,18 @@ minutes, on the parallel half alone and with the back-translations added as a se
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import json
 from pathlib import Path
 
 import yaml
 from benchlib import REPO, attnmt, eval_scores, run_main, save_rows
+from scriptargs import InputFolder, Number, OutputFile, OutputFolder, ScriptParser, guarded
+
+from attnmt.errors import DataError
 
 BASE = REPO / "configs" / "multi30k_de_en_transformer.yaml"
+MULTI30K = [f"{split}.{lang}.gz" for split in ("train", "val", "test_2016_flickr") for lang in ("de", "en")]
 
 
 def halves(data: Path, root: Path) -> dict[str, Path]:
@@ -50,20 +53,35 @@ def write_config(base: dict, root: Path, name: str, train, src: str, tgt: str, d
     return path
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, required=True, help="The Multi30k folder (train.de.gz, ...).")
-    parser.add_argument("--minutes", type=float, required=True, help="Training minutes of each model.")
-    parser.add_argument("--reverse-minutes", type=float, default=None, help="Training minutes of the "
-                        "English-German model that back-translates (default: --minutes).")
-    parser.add_argument("--top-k", type=int, default=0, help="Sample the back-translations from the K most "
-                        "probable pieces only (translate --top-k; default 0: all).")
-    parser.add_argument("--weight", type=float, default=1.0, help="The back-translations' weight (the "
-                        "parallel corpus has 1).")
-    parser.add_argument("--run-root", type=Path, default=REPO / "runs" / "bench_backtranslation")
-    parser.add_argument("--json", type=Path, help="Write the results here too.")
-    args = parser.parse_args()
+def build_parser() -> ScriptParser:
+    parser = ScriptParser(description=__doc__)
+    parser.add_argument("--data", type=InputFolder(), required=True,
+                        help="The Multi30k folder (train.de.gz, ...).")
+    parser.add_argument("--minutes", type=Number(float, above=0), required=True,
+                        help="Training minutes of each model.")
+    parser.add_argument("--reverse-minutes", type=Number(float, above=0), default=None,
+                        help="Training minutes of the English-German model that back-translates (default: "
+                             "--minutes).")
+    parser.add_argument("--top-k", type=Number(int, low=0), default=0, help="Sample the back-translations "
+                        "from the K most probable pieces only (translate --top-k; default 0: all).")
+    parser.add_argument("--weight", type=Number(float, above=0), default=1.0, help="The back-translations' "
+                        "weight (the parallel corpus has 1).")
+    parser.add_argument("--run-root", type=OutputFolder(), default=REPO / "runs" / "bench_backtranslation")
+    parser.add_argument("--json", type=OutputFile(), help="Write the results here too.")
+    parser.checks.append(check_data)
+    return parser
+
+
+def check_data(args) -> None:
+    """The Multi30k files the recipe reads are in --data."""
+    missing = [name for name in MULTI30K if not (args.data / name).is_file()]
+    if missing:
+        raise DataError(f"--data {args.data}: no {', '.join(missing)} in it")
+
+
+@guarded
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     root, data = args.run_root.resolve(), args.data.resolve()
     root.mkdir(parents=True, exist_ok=True)
     base = yaml.safe_load(BASE.read_text(encoding="utf-8"))

@@ -22,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+from scriptargs import Number, ScriptParser, guarded
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -65,15 +67,20 @@ def child(depth: int, length: int, batch: int, threads: int, on: bool) -> dict:
             "pass_mib": peak - before, "seconds": seconds}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--depth", type=int, nargs="+", default=[6, 12])
-    ap.add_argument("--length", type=int, nargs="+", default=[64, 256])
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--child", nargs=2, type=int, help=argparse.SUPPRESS)
+def build_parser() -> ScriptParser:
+    ap = ScriptParser(description=__doc__)
+    ap.add_argument("--depth", type=Number(int, low=1), nargs="+", default=[6, 12])
+    ap.add_argument("--length", type=Number(int, low=1), nargs="+", default=[64, 256])
+    ap.add_argument("--batch", type=Number(int, low=2), default=32)
+    ap.add_argument("--threads", type=Number(int, low=1), default=2)
+    ap.add_argument("--child", nargs=2, type=Number(int, low=1), help=argparse.SUPPRESS)
     ap.add_argument("--on", action="store_true", help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    return ap
+
+
+@guarded
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     if args.child:
         print("RESULT " + json.dumps(child(args.child[0], args.child[1], args.batch, args.threads, args.on)))
         return

@@ -19,7 +19,6 @@ environment: ``bash ../shared/peers/setup.sh``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -28,6 +27,9 @@ import time
 from pathlib import Path
 
 import yaml
+from scriptargs import Model, Number, OutputFolder, ScriptParser, guarded
+
+from attnmt.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 PEERS = REPO.parent / "shared" / "peers"
@@ -140,15 +142,22 @@ def attnmt_test(info: dict, run: Path, beam: int) -> dict:
     return {"engine": "attnmt", "beam": beam, **score(info, hyps.read_text(encoding="utf-8").splitlines())}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> ScriptParser:
+    ap = ScriptParser(description=__doc__)
     ap.add_argument("--direction", choices=["en-zh", "zh-en"], required=True)
-    ap.add_argument("--minutes", type=float, default=30)
-    ap.add_argument("--attnmt-run", type=Path, help="score this run folder instead of training one")
-    ap.add_argument("--work", type=Path, help="JoeyNMT's folder (default: $ANCHORS_DIR/tatoeba_<direction>)")
-    args = ap.parse_args()
+    ap.add_argument("--minutes", type=Number(float, above=0), default=30)
+    ap.add_argument("--attnmt-run", type=Model(checkpoints=False),
+                    help="score this run folder instead of training one")
+    ap.add_argument("--work", type=OutputFolder(),
+                    help="JoeyNMT's folder (default: $ANCHORS_DIR/tatoeba_<direction>)")
+    return ap
+
+
+@guarded
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     if not JOEY_PY.exists():
-        sys.exit(f"no JoeyNMT environment at {JOEY_PY}: bash {PEERS}/setup.sh")
+        raise ConfigError(f"no JoeyNMT environment at {JOEY_PY}: bash {PEERS}/setup.sh")
     src, tgt = args.direction.split("-")
     run = args.attnmt_run or REPO / "runs" / f"tatoeba_{src}_{tgt}_transformer"
     if args.attnmt_run is None:

@@ -12,17 +12,17 @@ reference is too short for them gets fewer. A phrase is met when the output's te
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import string
 import time
-from pathlib import Path
 
 import sacrebleu
+from scriptargs import InputFile, Model, Number, OutputFile, ScriptParser, guarded
 
 from attnmt.cli.common import open_translator
 from attnmt.data import read_lines
+from attnmt.errors import DataError
 from attnmt.translator import DecodeOverrides
 
 
@@ -57,24 +57,29 @@ def run(translator, sources: list[str], references: list[str],
             "seconds": round(seconds, 1)}, outputs
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("model")
-    parser.add_argument("--src", type=Path, required=True)
-    parser.add_argument("--ref", type=Path, required=True)
-    parser.add_argument("--phrases", type=int, nargs="+", default=[1, 2], help="Phrases per sentence.")
-    parser.add_argument("--max-words", type=int, default=3, help="Words per phrase, at most.")
-    parser.add_argument("--beam-sizes", type=int, nargs="+", default=[5])
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--json", type=Path, help="Write the results here too.")
-    args = parser.parse_args()
+def build_parser() -> ScriptParser:
+    parser = ScriptParser(description=__doc__)
+    parser.add_argument("model", type=Model(exports=True))
+    parser.add_argument("--src", type=InputFile(pipes=True), required=True)
+    parser.add_argument("--ref", type=InputFile(pipes=True), required=True)
+    parser.add_argument("--phrases", type=Number(int, low=1), nargs="+", default=[1, 2],
+                        help="Phrases per sentence.")
+    parser.add_argument("--max-words", type=Number(int, low=1), default=3, help="Words per phrase, at most.")
+    parser.add_argument("--beam-sizes", type=Number(int, low=1), nargs="+", default=[5])
+    parser.add_argument("--seed", type=Number(int), default=1)
+    parser.add_argument("--json", type=OutputFile(), help="Write the results here too.")
+    return parser
+
+
+@guarded
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     sources, references = list(read_lines(args.src)), list(read_lines(args.ref))
     if len(sources) != len(references):
-        parser.error(f"{args.src} has {len(sources)} lines, {args.ref} has {len(references)}")
+        raise DataError(f"{args.src} has {len(sources)} lines, {args.ref} has {len(references)}")
     rows = []
     for beam in args.beam_sizes:
-        translator, _, _ = open_translator(Path(args.model), overrides=DecodeOverrides(beam))
+        translator, _, _ = open_translator(args.model, overrides=DecodeOverrides(beam))
         free, outputs = run(translator, sources, references, None)
         rows.append({"beam": beam, "search": "free", **free})
         print(rows[-1], flush=True)

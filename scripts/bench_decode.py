@@ -65,6 +65,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from scriptargs import InputFolder, Model, Number, ScriptParser, guarded
+
+from attnmt.errors import ConfigError
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 TEST_DE = SHARED / "data" / "multi30k" / "test_2016_flickr.de.gz"
@@ -656,9 +660,9 @@ def against(rev: str, rounds: int, threads: int) -> list[dict]:
     return rows
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", nargs="*", type=Path, default=[])
+def build_parser() -> ScriptParser:
+    ap = ScriptParser(description=__doc__)
+    ap.add_argument("--models", nargs="*", type=Model(), default=[])
     ap.add_argument("--equal-work", action="store_true")
     ap.add_argument("--peers", action="store_true",
                     help="with --equal-work: also HF generate and CTranslate2")
@@ -670,24 +674,37 @@ def main() -> None:
     ap.add_argument("--zero-bos", action="store_true",
                     help="with --ct2: zero BOS's (tied) embedding row, so that the random model does not "
                     "output BOS and Ct2Translator decodes nothing twice")
-    ap.add_argument("--limit", type=int, help=argparse.SUPPRESS)  # first N sentences (smoke runs)
+    # first N sentences (smoke runs)
+    ap.add_argument("--limit", type=Number(int, low=1), help=argparse.SUPPRESS)
     ap.add_argument("--child", help=argparse.SUPPRESS)  # with --ct2: one pass "ENGINE@BEAM", or "check"
-    ap.add_argument("--child-dir", type=Path, help=argparse.SUPPRESS)  # where ct2_setup wrote the models
+    # where ct2_setup wrote the models
+    ap.add_argument("--child-dir", type=InputFolder(), help=argparse.SUPPRESS)
     ap.add_argument("--parts", action="store_true", help="the decoder's pieces against what they replace")
     ap.add_argument("--against", metavar="REV",
                     help="with --equal-work: this tree against commit REV, alternating rounds")
     ap.add_argument("--no-malloc-tuning", action="store_true", help="leave glibc's malloc at its defaults")
-    ap.add_argument("--runs", type=int, default=3, help="passes per configuration (with --peers: rounds)")
-    ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--length", type=int, default=30)
-    ap.add_argument("--threads", type=int, default=2)
-    args = ap.parse_args()
+    ap.add_argument("--runs", type=Number(int, low=1), default=3,
+                    help="passes per configuration (with --peers: rounds)")
+    ap.add_argument("--batch-size", type=Number(int, low=1), default=64)
+    ap.add_argument("--length", type=Number(int, low=1), default=30)
+    ap.add_argument("--threads", type=Number(int, low=1), default=2)
+    ap.checks.append(check_together)
+    return ap
+
+
+def check_together(args) -> None:
+    """The options that only go with others."""
     if (args.ct2 or args.limit) and not args.equal_work:
-        ap.error("--ct2 and --limit go with --equal-work")
+        raise ConfigError("--ct2 and --limit go with --equal-work")
     if (args.cli or args.zero_bos) and not args.ct2:
-        ap.error("--cli and --zero-bos go with --ct2")
+        raise ConfigError("--cli and --zero-bos go with --ct2")
     if args.limit and (args.peers or args.against):
-        ap.error("--limit: the peers and --against always do all the sentences")
+        raise ConfigError("--limit: the peers and --against always do all the sentences")
+
+
+@guarded
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
 
     import torch
 

@@ -14,7 +14,6 @@ WebDriver's round trips). Needs Debian's ``chromium`` and ``chromium-driver`` (`
 
 from __future__ import annotations
 
-import argparse
 import re
 import statistics
 import tempfile
@@ -22,7 +21,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+from scriptargs import InputFile, Number, ScriptParser, guarded
 
+from attnmt.errors import ConfigError
 from attnmt.explorer import ExplorerSentence, explorer_html, write_explorer
 
 SYLLABLES = ["ein", "mann", "fahr", "rad", "der", "die", "hund", "spiel", "en", "t", "er", "ball", "auf",
@@ -65,9 +66,6 @@ def load_times(path: Path, loads: int) -> tuple[list[float], list[float]]:
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
-    missing = [p for p in ("/usr/bin/chromium", "/usr/bin/chromedriver") if not Path(p).is_file()]
-    if missing:  # checked first: Selenium would otherwise try to download a driver
-        raise SystemExit(f"{', '.join(missing)} missing: make test installs chromium and chromium-driver")
     options = webdriver.ChromeOptions()
     options.binary_location = "/usr/bin/chromium"
     for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
@@ -92,18 +90,37 @@ def load_times(path: Path, loads: int) -> tuple[list[float], list[float]]:
     return in_page[1:], wall[1:]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sentences", type=int, default=100)
-    parser.add_argument("--layers", type=int, default=3)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--shortest", type=int, default=10)
-    parser.add_argument("--longest", type=int, default=30)
-    parser.add_argument("--loads", type=int, default=5)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--page", type=Path, nargs="*", default=[],
+def build_parser() -> ScriptParser:
+    parser = ScriptParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sentences", type=Number(int, low=1), default=100)
+    parser.add_argument("--layers", type=Number(int, low=1), default=3)
+    parser.add_argument("--heads", type=Number(int, low=1), default=4)
+    parser.add_argument("--shortest", type=Number(int, low=1, high=10_000), default=10)
+    parser.add_argument("--longest", type=Number(int, low=1, high=10_000), default=30)
+    parser.add_argument("--loads", type=Number(int, low=1), default=5)
+    parser.add_argument("--seed", type=Number(int, low=0), default=0)
+    parser.add_argument("--page", type=InputFile(), nargs="*", default=[],
                         help="measure these pages (written by attnmt plot --html) instead")
-    args = parser.parse_args()
+    parser.checks.append(check_lengths)
+    return parser
+
+
+def check_lengths(args) -> None:
+    if args.shortest > args.longest:
+        raise ConfigError(f"--shortest {args.shortest} is more than --longest {args.longest}")
+
+
+def check_browser() -> None:
+    """Checked first: Selenium would otherwise try to download a driver."""
+    missing = [p for p in ("/usr/bin/chromium", "/usr/bin/chromedriver") if not Path(p).is_file()]
+    if missing:
+        raise ConfigError(f"{', '.join(missing)} missing: make test installs chromium and chromium-driver")
+
+
+@guarded
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    check_browser()
     if args.page:
         print(f"{'page':<40}{'KB':>9}{'first draw ms':>15}{'wall ms':>9}")
         for path in args.page:

@@ -14,12 +14,23 @@ vocabulary size; the multilingual one has one joint tokenizer over every languag
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 import yaml
 from benchlib import REPO, attnmt, eval_scores, run_main, save_rows
+from scriptargs import (
+    ConfigFile,
+    InputFolder,
+    Number,
+    OutputFile,
+    OutputFolder,
+    Pattern,
+    ScriptParser,
+    guarded,
+)
+
+from attnmt.errors import DataError
 
 BASE = REPO / "configs" / "multi30k_multilingual_transformer.yaml"
 
@@ -61,19 +72,35 @@ def steps_of(run: Path) -> int:
     return int(read_pointer(RunDir(run), "latest")["file"].removeprefix("step_").removesuffix(".pt"))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, required=True, help="The Multi30k folder (train.de.gz, ...).")
-    parser.add_argument("--pairs", nargs="+", default=["de-en", "de-fr", "en-fr"])
-    parser.add_argument("--minutes", type=float, required=True, help="Training minutes per pair.")
-    parser.add_argument("--base", type=Path, default=BASE)
-    parser.add_argument("--run-root", type=Path, default=REPO / "runs" / "bench_multilingual")
-    parser.add_argument("--json", type=Path, help="Write the results here too.")
-    args = parser.parse_args()
+def build_parser() -> ScriptParser:
+    parser = ScriptParser(description=__doc__)
+    parser.add_argument("--data", type=InputFolder(), required=True,
+                        help="The Multi30k folder (train.de.gz, ...).")
+    parser.add_argument("--pairs", type=Pattern(r"[A-Za-z][A-Za-z0-9_]*-[A-Za-z][A-Za-z0-9_]*",
+                                                "SRC-TGT, e.g. de-en"),
+                        nargs="+", default=["de-en", "de-fr", "en-fr"])
+    parser.add_argument("--minutes", type=Number(float, above=0), required=True,
+                        help="Training minutes per pair.")
+    parser.add_argument("--base", type=ConfigFile(), default=BASE)
+    parser.add_argument("--run-root", type=OutputFolder(), default=REPO / "runs" / "bench_multilingual")
+    parser.add_argument("--json", type=OutputFile(), help="Write the results here too.")
+    parser.checks.append(check_data)
+    return parser
+
+
+def check_data(args) -> None:
+    """Every pair's training, dev and test files are in --data."""
+    names = {f"{split}.{lang}.gz" for pair in args.pairs for lang in pair.split("-")
+             for split in ("train", "val", "test_2016_flickr")}
+    missing = sorted(name for name in names if not (args.data / name).is_file())
+    if missing:
+        raise DataError(f"--data {args.data}: no {', '.join(missing)} in it")
+
+
+@guarded
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     pairs = [tuple(p.split("-")) for p in args.pairs]
-    if any(len(p) != 2 for p in pairs):
-        parser.error("--pairs: each as SRC-TGT, e.g. de-en")
     root, data = args.run_root.resolve(), args.data.resolve()
     root.mkdir(parents=True, exist_ok=True)
     base = yaml.safe_load(args.base.read_text(encoding="utf-8"))

@@ -20,14 +20,15 @@ and the CPU milliseconds per sentence drawn (also in the full run's table note).
 
 from __future__ import annotations
 
-import argparse
 import shutil
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 from benchlib import REPO, attnmt, eval_scores, run_main, save_rows
+from scriptargs import ConfigFile, Number, OutputFile, OutputFolder, ScriptParser, guarded
+
+from attnmt.errors import ConfigError
 
 
 def sets(items: list[str]) -> list[str]:
@@ -40,8 +41,6 @@ def write_test_set(config: Path, overrides: list[str], root: Path) -> tuple[Path
     from attnmt.data import read_corpus
 
     cfg = load_config(config, overrides)
-    if cfg.data.test is None:
-        sys.exit(f"{config}: the config has no data.test to score on")
     corpus = read_corpus(cfg.data.test, "test")
     src, ref = root / "test.src", root / "test.ref"
     src.write_text("".join(f"{line}\n" for line in corpus.src), encoding="utf-8")
@@ -90,43 +89,66 @@ def draws_only(config: Path, overrides: list[str], prepared: Path) -> None:
           "drawn (the first 2,000 pairs' sides, epoch 0)")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("config", type=Path)
-    parser.add_argument("--minutes", type=float, required=True, help="Training time of each run.")
-    parser.add_argument("--alpha", type=float, default=0.1,
+def build_parser() -> ScriptParser:
+    parser = ScriptParser(description=__doc__)
+    parser.add_argument("config", type=ConfigFile(lambda args: variants(args)["sampling"]))
+    parser.add_argument("--minutes", type=Number(float, above=0), required=True,
+                        help="Training time of each run.")
+    parser.add_argument("--alpha", type=Number(float), default=0.1,
                         help="tokenizer.sampling.alpha (unigram: the inverse temperature; bpe, with "
                              "--set tokenizer.model_type=bpe: the probability of dropping a merge).")
-    parser.add_argument("--nbest", type=int, default=None,
+    parser.add_argument("--nbest", type=Number(int), default=None,
                         help="tokenizer.sampling.nbest (default: the config's default, 16).")
-    parser.add_argument("--run-root", type=Path, default=None,
+    parser.add_argument("--run-root", type=OutputFolder(), default=None,
                         help="Where the prepared data, the two run folders and the test files go "
                              "(default: runs/bench_sampling/<config name>).")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         help="Another config override for both runs (repeatable), e.g. train.device=cuda.")
-    parser.add_argument("--json", type=Path, help="Write the results here too.")
+    parser.add_argument("--json", type=OutputFile(), help="Write the results here too.")
     parser.add_argument("--draws-only", action="store_true",
                         help="Only prepare and measure the draws (pieces, CPU ms per sentence); no training.")
-    args = parser.parse_args()
-    if args.minutes <= 0:
-        parser.error("--minutes must be > 0")
+    parser.checks.append(check_test_set)
+    return parser
+
+
+def sampling_settings(args) -> list[str]:
+    """The ``tokenizer.sampling`` overrides of the sampling run."""
+    found = [f"tokenizer.sampling.alpha={args.alpha}"]
+    if args.nbest is not None:
+        found.append(f"tokenizer.sampling.nbest={args.nbest}")
+    return found
+
+
+def variants(args) -> dict[str, list[str]]:
+    """Each run's overrides: the user's, the clock's, and for the sampling run its settings."""
+    clock = [f"train.max_minutes={args.minutes}", "train.max_epochs=1000000", "train.max_steps=0"]
+    return {"plain": args.overrides + clock, "sampling": args.overrides + clock + sampling_settings(args)}
+
+
+def check_test_set(args) -> None:
+    """Both runs' settings load (the config's check loads the sampling run's), and there is a test set."""
+    from attnmt.config import load_config
+
+    if load_config(args.config, variants(args)["plain"]).data.test is None:
+        raise ConfigError(f"{args.config}: the config has no data.test to score on")
+
+
+@guarded
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     root = (args.run_root or REPO / "runs" / "bench_sampling" / args.config.stem).resolve()
     root.mkdir(parents=True, exist_ok=True)
     config = args.config.resolve()
-    sampling = [f"tokenizer.sampling.alpha={args.alpha}"]
-    if args.nbest is not None:
-        sampling.append(f"tokenizer.sampling.nbest={args.nbest}")
-    clock = [f"train.max_minutes={args.minutes}", "train.max_epochs=1000000", "train.max_steps=0"]
-    variants = {"plain": args.overrides + clock, "sampling": args.overrides + clock + sampling}
-    write_test_set(config, variants["sampling"], root)  # also checks both sets of settings load
+    sampling = sampling_settings(args)
+    runs = variants(args)
+    write_test_set(config, runs["sampling"], root)
     prepared = root / "prepared"
     if not (prepared / "config.yaml").exists():
         attnmt("prepare", config, "--run-dir", prepared, *sets(args.overrides))
     if args.draws_only:
         return draws_only(config, args.overrides + sampling, prepared)
     rows = []
-    for name, overrides in variants.items():
+    for name, overrides in runs.items():
         run = root / name
         if not run.exists():
             shutil.copytree(prepared, run, ignore=shutil.ignore_patterns(".lock"))

@@ -22,7 +22,6 @@ sizes (1: linear; 0: independent of the corpus).
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import itertools
 import json
@@ -34,6 +33,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from scriptargs import ConfigFile, InputFolder, Number, ScriptParser, guarded
+
+from attnmt.errors import DataError
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "configs" / "multi30k_de_en_transformer.yaml"
@@ -139,16 +142,29 @@ def exponent(sizes: list[int], values: list[float]) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000])
-    ap.add_argument("--steps", type=int, default=50, help="training steps at each size")
-    ap.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data" / "multi30k",
+def build_parser() -> ScriptParser:
+    ap = ScriptParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", type=Number(int, low=1), nargs="+", default=[100_000, 1_000_000])
+    ap.add_argument("--steps", type=Number(int, low=1), default=50, help="training steps at each size")
+    ap.add_argument("--data", type=InputFolder(), default=REPO.parent / "shared" / "data" / "multi30k",
                     help="a folder with Multi30k's train.de.gz and train.en.gz")
-    ap.add_argument("--config", type=Path, default=RECIPE)
-    ap.add_argument("--workers", type=int, default=None, help="prepare's --workers (default: its own)")
+    ap.add_argument("--config", type=ConfigFile(), default=RECIPE)
+    ap.add_argument("--workers", type=Number(int, low=1), default=None,
+                    help="prepare's --workers (default: its own)")
     ap.add_argument("--keep", action="store_true", help="keep the corpora and run folders")
-    args = ap.parse_args()
+    ap.checks.append(check_data)
+    return ap
+
+
+def check_data(args) -> None:
+    missing = [name for name in ("train.de.gz", "train.en.gz") if not (args.data / name).is_file()]
+    if missing:
+        raise DataError(f"--data {args.data}: no {', '.join(missing)} in it")
+
+
+@guarded
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="attnmt-scale-"))
     rows = []
     try:

@@ -16,7 +16,6 @@ them. Times are wall seconds of each whole command.
 
 from __future__ import annotations
 
-import argparse
 import subprocess
 import sys
 import tempfile
@@ -24,6 +23,9 @@ import time
 from pathlib import Path
 
 from eflomal_align import align_words, corpus_words, read_links, symmetrized
+from scriptargs import InputFile, Model, ScriptParser, guarded, require_module
+
+from attnmt.errors import ConfigError, DataError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -32,8 +34,9 @@ def align(run: Path, src: Path, tgt: Path, out: Path) -> float:
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "attnmt", "align", str(run), "--src", str(src), "--tgt",
                            str(tgt), "-o", str(out)], cwd=REPO, capture_output=True, text=True)
-    if done.returncode != 0:
-        sys.exit(done.stderr.strip())
+    if done.returncode != 0:  # attnmt's own error line and exit code
+        sys.stderr.write(done.stderr)
+        sys.exit(done.returncode)
     return time.perf_counter() - started
 
 
@@ -59,20 +62,35 @@ def scores(predicted: list[set], reference: list[set]) -> str:
     return f"P {s.precision:.3f} R {s.recall:.3f} F1 {f1:.3f} ({s.predicted:,} links against {s.sure:,})"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("run", type=Path, help="a run folder or checkpoint with Chinese on one side")
-    ap.add_argument("--src", type=Path, required=True, help="the other language, one sentence a line")
-    ap.add_argument("--tgt", type=Path, required=True, help="the Chinese side, unsegmented")
-    ap.add_argument("--segmented", type=Path, required=True, help="--tgt split into words by a segmenter")
+def build_parser() -> ScriptParser:
+    ap = ScriptParser(description=__doc__)
+    ap.add_argument("run", type=Model(), help="a run folder or checkpoint with Chinese on one side")
+    ap.add_argument("--src", type=InputFile(), required=True, help="the other language, one sentence a line")
+    ap.add_argument("--tgt", type=InputFile(), required=True, help="the Chinese side, unsegmented")
+    ap.add_argument("--segmented", type=InputFile(), required=True,
+                    help="--tgt split into words by a segmenter")
     ap.add_argument("--chinese-source", action="store_true", help="RUN translates from Chinese")
-    ap.add_argument("--train-src", type=Path, help="training pairs for eflomal: the other language")
-    ap.add_argument("--train-segmented", type=Path, help="training pairs for eflomal: Chinese, segmented")
-    args = ap.parse_args()
+    ap.add_argument("--train-src", type=InputFile(), help="training pairs for eflomal: the other language")
+    ap.add_argument("--train-segmented", type=InputFile(),
+                    help="training pairs for eflomal: Chinese, segmented")
+    ap.checks.append(check_training_pairs)
+    return ap
+
+
+def check_training_pairs(args) -> None:
+    if (args.train_src is None) != (args.train_segmented is None):
+        raise ConfigError("--train-src and --train-segmented go together (eflomal's training pairs)")
+
+
+@guarded
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    if args.train_src:
+        require_module("eflomal", "--train-src: eflomal is not installed: pip install -e '.[align]'")
     side = 0 if args.chinese_source else 1
     raw, words = corpus_words(args.tgt), corpus_words(args.segmented)
     if ["".join(x) for x in raw] != ["".join(x) for x in words]:
-        sys.exit(f"{args.segmented}: not the characters of {args.tgt} split into words")
+        raise DataError(f"{args.segmented}: not the characters of {args.tgt} split into words")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         pair = (lambda zh: (zh, args.src)) if args.chinese_source else (lambda zh: (args.src, zh))

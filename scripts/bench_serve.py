@@ -21,7 +21,6 @@ cycling through the file.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -31,9 +30,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-import aiohttp
+from scriptargs import InputFile, Model, Number, OutputFile, ScriptParser, guarded, require_module
 
 from attnmt.data import read_lines
+from attnmt.errors import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -85,6 +85,8 @@ async def load(url: str, sentences: list[str], clients: int, total: int, seconds
     """``clients`` workers over one connection pool (aiohttp: httpx's pool, not the server, capped this at
     about 230 requests/s with 128 connections); each takes the next sentence until ``total`` are sent or
     ``seconds`` pass."""
+    import aiohttp
+
     latencies: list[float] = []
     errors = 0
     sent = 0
@@ -158,31 +160,49 @@ def group_rates(model: str, sentences: list[str], sizes: list[int], beam: int) -
     return rates
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("model")
-    parser.add_argument("--src", type=Path, required=True, help="Sentences, one per line (plain or .gz).")
-    parser.add_argument("--limit", type=int, default=1000, help="The first N sentences of --src.")
-    parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32, 128])
-    parser.add_argument("--beam-size", type=int, default=1, help="Every request's, and translate's.")
-    parser.add_argument("--seconds", type=float, default=120, help="At most this long per level.")
-    parser.add_argument("--soak", type=int, nargs=2, metavar=("A", "B"), help="RSS after A and B requests.")
+def build_parser() -> ScriptParser:
+    parser = ScriptParser(description=__doc__)
+    parser.add_argument("model", type=Model(exports=True))
+    parser.add_argument("--src", type=InputFile(pipes=True), required=True,
+                        help="Sentences, one per line (plain or .gz).")
+    parser.add_argument("--limit", type=Number(int, low=1), default=1000,
+                        help="The first N sentences of --src.")
+    parser.add_argument("--clients", type=Number(int, low=1), nargs="+", default=[1, 8, 32, 128])
+    parser.add_argument("--beam-size", type=Number(int, low=1), default=1,
+                        help="Every request's, and translate's.")
+    parser.add_argument("--seconds", type=Number(float, above=0), default=120,
+                        help="At most this long per level.")
+    parser.add_argument("--soak", type=Number(int, low=1), nargs=2, metavar=("A", "B"),
+                        help="RSS after A and B requests.")
     parser.add_argument("--serve-args", default="", help="More options for attnmt serve.")
-    parser.add_argument("--json", type=Path, help="Write the results here too.")
-    args = parser.parse_args()
+    parser.add_argument("--json", type=OutputFile(), help="Write the results here too.")
+    parser.checks.append(check_soak)
+    return parser
+
+
+def check_soak(args) -> None:
+    if args.soak and args.soak[0] >= args.soak[1]:
+        raise ConfigError(f"--soak {args.soak[0]} {args.soak[1]}: A must be less than B (RSS after A "
+                          "requests, then after B)")
+
+
+@guarded
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    require_module("aiohttp", "bench_serve needs aiohttp: pip install 'attnmt[serve]'")
+    model = str(args.model)
     sentences = [line for line in read_lines(args.src) if line.strip()][: args.limit]
     src = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench_serve_{os.getpid()}.txt"
     src.write_text("".join(s + "\n" for s in sentences), encoding="utf-8")
-    out: dict = {"model": args.model, "sentences": len(sentences), "cpu": os.cpu_count(),
+    out: dict = {"model": model, "sentences": len(sentences), "cpu": os.cpu_count(),
                  "beam_size": args.beam_size}
     try:
         if not args.soak:
-            out["translate"] = translate_rate(args.model, src, len(sentences), args.beam_size)
+            out["translate"] = translate_rate(model, src, len(sentences), args.beam_size)
             print(f"attnmt translate: {out['translate']}", flush=True)
-            out["groups"] = group_rates(args.model, sentences, args.clients, args.beam_size)
+            out["groups"] = group_rates(model, sentences, args.clients, args.beam_size)
             print(f"in-process groups of N: {out['groups']}", flush=True)
-        process, url = start_server(args.model, args.serve_args.split(), src.with_suffix(".log"))
+        process, url = start_server(model, args.serve_args.split(), src.with_suffix(".log"))
         try:
             out["rss_start_mib"] = round(rss_mib(process.pid), 1)
             out["levels"] = []

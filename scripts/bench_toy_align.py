@@ -20,7 +20,6 @@ aligns the training and test pairs together, unsupervised) is the dedicated alig
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from pathlib import Path
 
 import yaml
 from eflomal_align import align_words, corpus_words, symmetrized, write_links
+from scriptargs import OutputFolder, ScriptParser, guarded, require_module
 
 REPO = Path(__file__).resolve().parents[1]
 ATTNMT = [sys.executable, "-m", "attnmt"]
@@ -129,16 +129,22 @@ def print_sources(found: list[dict]) -> None:
             print(f"| {r['source']} | {train_aer} | {100 * r['test_aer']:.2f}% |")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=REPO / "runs" / "bench_toy_align")
+def build_parser() -> ScriptParser:
+    parser = ScriptParser(description=__doc__)
+    parser.add_argument("--out", type=OutputFolder(), default=REPO / "runs" / "bench_toy_align")
     parser.add_argument("--no-reverse", action="store_true", help="skip the German-to-English model")
     parser.add_argument("--sources", action="store_true",
                         help="also train guided on attnmt's and eflomal's alignments (needs attnmt[align])")
     parser.add_argument("--sources-only", action="store_true",
                         help="only the --sources stage, on the runs already in --out")
-    args = parser.parse_args()
+    return parser
+
+
+@guarded
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    if args.sources or args.sources_only:
+        require_module("eflomal", "--sources: eflomal is not installed: pip install -e '.[align]'")
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     data = out / "toy"

@@ -32,6 +32,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from scriptargs import InputFolder, Number, ScriptParser, guarded
+
+from attnmt.errors import DataError
+
 REPO = Path(__file__).resolve().parents[1]
 PEERS = REPO.parent / "shared" / "peers"
 RECIPES = {"transformer": "configs/multi30k_de_en_transformer.yaml",
@@ -56,7 +60,7 @@ def matmul_peak(threads: int, dtype: str = "fp32") -> float:
     return 2 * 2048**3 / statistics.median(times) / 1e9
 
 
-def child(arch: str, steps: int, threads: int, data: str | None, device: str, precision: str,
+def child(arch: str, steps: int, threads: int, data: Path | None, device: str, precision: str,
           compile_: bool) -> dict:
     """One recipe in this process: returns its measurements."""
     import torch
@@ -204,7 +208,7 @@ def _child(tree: Path, args, arch: str, precision: str, compile_: str) -> dict:
            "--precision", precision,
            "--compile", compile_]
     if args.data:
-        cmd += ["--data", args.data]
+        cmd += ["--data", str(args.data)]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONPATH": str(tree)}
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=tree, env=env)
     line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
@@ -229,30 +233,48 @@ def against(args) -> None:
                   f"{this / other:.3f}x (medians of {args.rounds} rounds)")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=40)
-    ap.add_argument("--threads", type=int, default=2)
+def build_parser() -> ScriptParser:
+    ap = ScriptParser(description=__doc__)
+    ap.add_argument("--steps", type=Number(int, low=1), default=40)
+    ap.add_argument("--threads", type=Number(int, low=1), default=2)
     ap.add_argument("--archs", nargs="+", default=list(RECIPES), choices=list(RECIPES))
-    ap.add_argument("--data", help="folder with Multi30k {train,val,test_2016_flickr}.{de,en}.gz "
-                                   "(default: the recipes' paths)")
+    ap.add_argument("--data", type=InputFolder(),
+                    help="folder with Multi30k {train,val,test_2016_flickr}.{de,en}.gz "
+                         "(default: the recipes' paths)")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--precision", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16", "fp16"],
                     help="train.precision values to measure, each in its own child (fp16: CUDA only)")
     ap.add_argument("--compile", nargs="+", default=["off"], choices=["off", "on"],
                     help="train.compile values to measure (on: torch.compile; its compile time is reported "
                          "apart, as warm-up seconds)")
-    ap.add_argument("--joey", type=int, default=0, metavar="SECONDS",
+    ap.add_argument("--joey", type=Number(int, low=0), default=0, metavar="SECONDS",
                     help="also run JoeyNMT for this many seconds per arch")
     ap.add_argument("--parts", action="store_true",
                     help="time the pieces of a step against what they replaced, and nothing else")
-    ap.add_argument("--against", type=Path, metavar="CHECKOUT",
+    ap.add_argument("--against", type=InputFolder(), metavar="CHECKOUT",
                     help="another attnmt checkout (say, git worktree add /tmp/old HEAD~3): its children and "
                          "this one's alternate, --rounds times, and the ratio of their median tokens/s is "
                          "printed")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--child", help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    ap.add_argument("--rounds", type=Number(int, low=1), default=3)
+    ap.add_argument("--child", choices=list(RECIPES), help=argparse.SUPPRESS)
+    ap.checks.append(check_folders)
+    return ap
+
+
+def check_folders(args) -> None:
+    """--data holds the three splits' files; --against is an attnmt checkout (its children run its own
+    scripts/bench_train.py)."""
+    names = [f"{split}.{lang}.gz" for split in ("train", "val", "test_2016_flickr") for lang in ("de", "en")]
+    missing = [name for name in names if args.data and not (args.data / name).is_file()]
+    if missing:
+        raise DataError(f"--data {args.data}: no {', '.join(missing)} in it")
+    if args.against and not (args.against / "scripts" / "bench_train.py").is_file():
+        raise DataError(f"--against {args.against}: no scripts/bench_train.py in it; give an attnmt checkout")
+
+
+@guarded
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     if args.against:
         against(args)
         return
@@ -279,7 +301,7 @@ def main() -> None:
                        "--threads", str(args.threads), "--device", args.device, "--precision", precision,
                        "--compile", compile_]
                 if args.data:
-                    cmd += ["--data", args.data]
+                    cmd += ["--data", str(args.data)]
                 out = subprocess.run(cmd, capture_output=True, text=True,
                                      env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})
                 line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)

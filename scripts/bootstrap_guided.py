@@ -25,7 +25,6 @@ little over three times that (twice with eflomal as the teacher); ``--set KEY=VA
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import subprocess
 import sys
@@ -33,6 +32,9 @@ import time
 from pathlib import Path
 
 import yaml
+from scriptargs import ConfigFile, Number, OutputFolder, ScriptParser, guarded, require_module
+
+from attnmt.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 ATTNMT = [sys.executable, "-m", "attnmt"]
@@ -61,14 +63,10 @@ def trained(run_dir: Path) -> bool:
 
 
 def sides(cfg: dict, split: str) -> tuple[Path, Path] | None:
-    """A split's (source, target) files in a resolved config; None when the config has no such split."""
+    """A split's (source, target) files in a resolved config (``check_corpora`` has seen that each is a
+    file pair); None when the config has no such split."""
     source = cfg["data"].get(split)
-    if source is None:
-        return None
-    if not {"src", "tgt"} <= set(source):
-        sys.exit(f"bootstrap_guided: data.{split} is not a file pair ({sorted(source)}); the bootstrap "
-                 f"aligns and reverses corpora given as data.{split}.src and .tgt files")
-    return Path(source["src"]), Path(source["tgt"])
+    return None if source is None else (Path(source["src"]), Path(source["tgt"]))
 
 
 def reverse_config(forward_cfg: dict, path: Path) -> Path:
@@ -91,25 +89,56 @@ def reverse_config(forward_cfg: dict, path: Path) -> Path:
 MARKER = "bootstrap_guided.json"  # in --out: the folder is the bootstrap's own
 
 
-def claim(out: Path, teacher: str) -> Path:
-    """``out``, made the bootstrap's (its marker written first, with the teacher), or exit with one line
-    when it is a folder of something else or of the other teacher: the bootstrap writes and skips steps by
-    what it finds there, and would take one teacher's links for the other's."""
-    if out.exists() and not out.is_dir():
-        sys.exit(f"bootstrap_guided: --out {out} is a file; give a folder")
-    marker = out / MARKER
+def check_out(args: argparse.Namespace) -> None:
+    """``--out`` is new, empty or the bootstrap's with the same teacher: the bootstrap writes and skips steps
+    by what it finds there, and would take someone else's files, or one teacher's links for the other's,
+    for its own."""
+    out, marker = args.out, args.out / MARKER
     if out.is_dir() and any(out.iterdir()) and not marker.exists():
-        sys.exit(f"bootstrap_guided: --out {out} holds files the bootstrap did not write; give a new or "
-                 "empty folder")
+        raise ConfigError(f"--out {out} holds files the bootstrap did not write; give a new or empty folder")
     if marker.exists():
         before = json.loads(marker.read_text(encoding="utf-8")).get("teacher", "attnmt")
-        if before != teacher:
-            sys.exit(f"bootstrap_guided: --out {out} was made with --teacher {before}; give another folder "
-                     f"for --teacher {teacher}")
+        if before != args.teacher:
+            raise ConfigError(f"--out {out} was made with --teacher {before}; give another folder for "
+                              f"--teacher {args.teacher}")
+
+
+def claim(out: Path, teacher: str) -> Path:
+    """``out``, made the bootstrap's: its marker written first, with the teacher (``check_out`` has
+    checked the folder)."""
     out.mkdir(parents=True, exist_ok=True)
-    marker.write_text(json.dumps({"made_by": "scripts/bootstrap_guided.py", "teacher": teacher}) + "\n",
-                      encoding="utf-8")
+    marker = {"made_by": "scripts/bootstrap_guided.py", "teacher": teacher}
+    (out / MARKER).write_text(json.dumps(marker) + "\n", encoding="utf-8")
     return out
+
+
+def check_corpora(args: argparse.Namespace) -> None:
+    """Before any training: the config's corpora are file pairs (the bootstrap reverses them, aligns the
+    training pair and scores on the test or dev pair), one training corpus, and a test or dev set."""
+    from attnmt.config import load_config
+
+    data = load_config(args.config, forward_overrides(args)).data
+    if isinstance(data.train, list):
+        raise ConfigError(f"{args.config}: data.train: {len(data.train)} corpora; the bootstrap aligns and "
+                          "reverses one, given as data.train.src and .tgt files")
+    for split in ("train", "dev", "test"):
+        source = getattr(data, split)
+        if source is not None and source.format != "text":
+            raise ConfigError(f"{args.config}: data.{split}: format {source.format} is not a file pair; the "
+                              f"bootstrap aligns and reverses corpora given as data.{split}.src and .tgt "
+                              "files")
+    if data.test is None and data.dev is None:
+        raise ConfigError(f"{args.config}: data.test: none, and no data.dev either; the bootstrap scores "
+                          "both models on one of them")
+
+
+def forward_overrides(args: argparse.Namespace) -> list[str]:
+    """``--set`` and ``--minutes``: the overrides of all three trainings."""
+    return args.sets + ([f"train.max_minutes={args.minutes}"] if args.minutes else [])
+
+
+def guided_overrides(args: argparse.Namespace) -> list[str]:
+    return [*forward_overrides(args), f"train.alignment.path={args.out.resolve() / 'train.align'}"]
 
 
 def scores(run_dir: Path, split: tuple[Path, Path]) -> dict:
@@ -117,24 +146,32 @@ def scores(run_dir: Path, split: tuple[Path, Path]) -> dict:
     return {entry["metric"]: entry["score"] for entry in found if entry["metric"] in ("bleu", "chrf")}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("config", type=Path, help="the unguided recipe (file-pair corpora)")
-    ap.add_argument("--guided", type=Path, required=True, help="the guided recipe (with train.alignment)")
-    ap.add_argument("--out", type=Path, required=True,
+def build_parser() -> ScriptParser:
+    ap = ScriptParser(description=__doc__)
+    ap.add_argument("config", type=ConfigFile(forward_overrides),
+                    help="the unguided recipe (file-pair corpora)")
+    ap.add_argument("--guided", type=ConfigFile(guided_overrides), required=True,
+                    help="the guided recipe (with train.alignment)")
+    ap.add_argument("--out", type=OutputFolder(), required=True,
                     help="folder for the runs, the alignments and the summary")
-    ap.add_argument("--minutes", type=float, default=None, help="train.max_minutes of each training")
+    ap.add_argument("--minutes", type=Number(float, above=0), default=None,
+                    help="train.max_minutes of each training")
     ap.add_argument("--teacher", choices=("attnmt", "eflomal"), default="attnmt",
                     help="who aligns the training corpus: the forward and a reverse model (default), or "
                          "eflomal (scripts/eflomal_align.py; no reverse model is trained)")
     ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                     help="a config override for all three trainings (repeatable)")
-    args = ap.parse_args()
-    if args.teacher == "eflomal" and importlib.util.find_spec("eflomal") is None:
-        sys.exit("bootstrap_guided: --teacher eflomal needs eflomal: pip install -e '.[align]'")
+    ap.checks += [check_corpora, check_out]
+    return ap
+
+
+@guarded
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    if args.teacher == "eflomal":
+        require_module("eflomal", "--teacher eflomal needs eflomal: pip install -e '.[align]'")
     out = claim(args.out.resolve(), args.teacher)
-    sets = [x for s in args.sets + ([f"train.max_minutes={args.minutes}"] if args.minutes else [])
-            for x in ("--set", s)]
+    sets = [x for s in forward_overrides(args) for x in ("--set", s)]
     minutes: dict[str, float] = {}
 
     def step(name: str, done: bool, run, *command) -> None:
@@ -157,7 +194,7 @@ def main() -> None:
         step("align", links.exists(), attnmt, "align", forward, "--src", train[0], "--tgt", train[1],
              "--reverse", reverse, "-o", links)
     step("guided", trained(guided), attnmt, "train", args.guided.resolve(), "--run-dir", guided,
-         "--set", f"train.alignment.path={links}", *sets)
+         *[x for s in guided_overrides(args) for x in ("--set", s)])
     test = sides(cfg, "test") or sides(cfg, "dev")
     summary = {"forward": scores(forward, test), "guided": scores(guided, test), "test": str(test[0]),
                "teacher": args.teacher, "alignments": str(links), "minutes": minutes}

@@ -40,7 +40,6 @@ exceeded (2 when a command fails). ``--launcher FILE`` runs ``python FILE ARGS``
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -58,6 +57,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
 from helpers import OFFLINE_ENV, write_tiny_config  # noqa: E402  (the tiny config the tests train)
+from scriptargs import InputFile, Model, Number, OutputFile, OutputFolder, ScriptParser, guarded  # noqa: E402
 
 NEAREST = 5  # samples taken when fewer fall inside the window
 # oneDNN's primitive cache and ideep's computation cache, both keyed by shape, 1,024 entries by default;
@@ -384,26 +384,35 @@ def report(results: list[Measured], args: dict) -> dict:
                         "sample_fields": ["t", "progress", "rss_kb", "threads", "fds"]} for m in results}}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=2000, help="training steps (default 2000)")
-    parser.add_argument("--every", type=int, default=50, help="validate, save and prune every N steps")
-    parser.add_argument("--lines", type=int, default=100_000, help="lines to translate (default 100000; "
-                        "0: no translation)")
-    parser.add_argument("--interval", type=float, default=0.1, help="seconds between samples")
-    parser.add_argument("--span", type=float, default=0.5, help="a point's samples span this fraction of "
-                        "the first point's value (default 0.5: steps 200..299 and 1900..1999)")
-    parser.add_argument("--rss-limit", type=float, default=0.10, help="memory growth allowed (fraction)")
-    parser.add_argument("--work", type=Path, help="keep the run folder here (default a temporary folder)")
-    parser.add_argument("--out", type=Path, help="write the report (JSON, with every sample) here")
-    parser.add_argument("--launcher", type=Path, help="a Python file to run in place of `-m attnmt`")
+def build_parser() -> ScriptParser:
+    parser = ScriptParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=Number(int, low=20), default=2000,
+                        help="training steps (default 2000)")
+    parser.add_argument("--every", type=Number(int, low=1), default=50,
+                        help="validate, save and prune every N steps")
+    parser.add_argument("--lines", type=Number(int, low=0), default=100_000,
+                        help="lines to translate (default 100000; 0: no translation)")
+    parser.add_argument("--interval", type=Number(float, above=0), default=0.1,
+                        help="seconds between samples")
+    parser.add_argument("--span", type=Number(float, above=0), default=0.5,
+                        help="a point's samples span this fraction of the first point's value (default 0.5: "
+                             "steps 200..299 and 1900..1999)")
+    parser.add_argument("--rss-limit", type=Number(float, low=0), default=0.10,
+                        help="memory growth allowed (fraction)")
+    parser.add_argument("--work", type=OutputFolder(), help="keep the run folder here (default a temporary "
+                        "folder)")
+    parser.add_argument("--out", type=OutputFile(), help="write the report (JSON, with every sample) here")
+    parser.add_argument("--launcher", type=InputFile(), help="a Python file to run in place of `-m attnmt`")
     parser.add_argument("--pin-caches", action="store_true", help="translate with oneDNN's shape caches "
                         "capped at 8 entries (on the tiny model they fill to about 700 MB, then level off)")
-    parser.add_argument("--model", type=Path, help="translate this checkpoint or run folder; no training")
-    args = parser.parse_args(argv)
-    if args.steps < 20:
-        parser.error("--steps: at least 20")
+    parser.add_argument("--model", type=Model(exports=True),
+                        help="translate this checkpoint or run folder; no training")
+    return parser
+
+
+@guarded
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     rss, counts = Limit(args.rss_limit), Limit(0.10, 2)
     with tempfile.TemporaryDirectory(prefix="attnmt-growth-") as tmp:
         work = args.work or Path(tmp)

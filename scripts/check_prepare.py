@@ -14,13 +14,13 @@ toy task and on a corpus full of what cleaning drops.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
+from scriptargs import ConfigFile, Number, ScriptParser, guarded
 
 from attnmt.config import Config, load_config
 from attnmt.data import read_corpus
@@ -96,12 +96,17 @@ def compare(cfg: Config, run: Path) -> list[str]:
     return problems
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("config", type=Path)
+def build_parser() -> ScriptParser:
+    parser = ScriptParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("config", type=ConfigFile(lambda args: args.sets))
     parser.add_argument("--set", dest="sets", action="append", default=[], help="KEY=VALUE overrides")
-    parser.add_argument("--workers", type=int, default=None)
-    args = parser.parse_args()
+    parser.add_argument("--workers", type=Number(int, low=1), default=None)
+    return parser
+
+
+@guarded
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     cfg = load_config(args.config, args.sets)
     with tempfile.TemporaryDirectory(prefix="check-prepare-") as tmp:
         run = Path(tmp) / "run"

@@ -16,11 +16,14 @@ run leaves no half file.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from scriptargs import InputFile, OutputFile, ScriptParser, guarded, require_module
+
+from attnmt.errors import DataError
 
 HEURISTICS = ("grow-diag-final-and", "grow-diag-final", "grow-diag", "intersection", "union")
 
@@ -80,28 +83,25 @@ def write_links(path: Path, links: list[set]) -> None:
     atomic_write_text(path, "".join(format_pharaoh(x) + "\n" for x in links))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--src", type=Path, required=True, help="source side, one sentence a line (or .gz)")
-    ap.add_argument("--tgt", type=Path, required=True, help="target side, aligned by line with --src")
-    ap.add_argument("-o", "--output", type=Path, required=True, help="the Pharaoh file to write")
+def build_parser() -> ScriptParser:
+    ap = ScriptParser(description=__doc__)
+    ap.add_argument("--src", type=InputFile(pipes=True), required=True,
+                    help="source side, one sentence a line (or .gz)")
+    ap.add_argument("--tgt", type=InputFile(pipes=True), required=True,
+                    help="target side, aligned by line with --src")
+    ap.add_argument("-o", "--output", type=OutputFile(), required=True, help="the Pharaoh file to write")
     ap.add_argument("--heuristic", choices=HEURISTICS, default=HEURISTICS[0])
-    args = ap.parse_args()
-    try:
-        import eflomal  # noqa: F401
-    except ImportError:
-        sys.exit("eflomal_align: eflomal is not installed: pip install -e '.[align]'")
-    for side in (args.src, args.tgt):
-        if not side.exists() or side.is_dir():  # a file, or a pipe such as /dev/stdin
-            sys.exit(f"eflomal_align: {side}: no such file")
-    if args.output.resolve() in (args.src.resolve(), args.tgt.resolve()):
-        sys.exit(f"eflomal_align: --output {args.output} is an input; give another file")
-    if args.output.is_dir():
-        sys.exit(f"eflomal_align: --output {args.output} is a folder; give a file")
+    return ap
+
+
+@guarded
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    require_module("eflomal", "eflomal is not installed: pip install -e '.[align]'")
     src, tgt = corpus_words(args.src), corpus_words(args.tgt)
     if len(src) != len(tgt):
-        sys.exit(f"eflomal_align: {args.src} has {len(src)} lines and {args.tgt} {len(tgt)}; they must "
-                 "be aligned by line")
+        raise DataError(f"{args.src} has {len(src)} lines and {args.tgt} {len(tgt)}; they must be aligned "
+                        "by line")
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as work:
         links = symmetrized(align_words(src, tgt, Path(work)), args.heuristic)

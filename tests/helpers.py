@@ -48,6 +48,8 @@ os.environ.update(OFFLINE_ENV)
 def load_script(name: str):
     """``scripts/NAME.py`` as a module, registered in ``sys.modules`` first (its dataclasses look
     themselves up there) and loaded once."""
+    if str(REPO / "scripts") not in sys.path:  # a script imports its neighbours (scriptargs, benchlib)
+        sys.path.insert(0, str(REPO / "scripts"))
     if name not in sys.modules:
         spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
         sys.modules[name] = module = importlib.util.module_from_spec(spec)

@@ -90,15 +90,19 @@ def test_bootstrap_refuses_a_folder_of_someone_elses_files(tmp_path):
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "train.align").write_text("0-0\n", encoding="utf-8")  # would be taken as step 3 done
-    command = [sys.executable, str(REPO / "scripts" / "bootstrap_guided.py"), str(tmp_path / "none.yaml"),
-               "--guided", str(tmp_path / "none.yaml"), "--out"]
+    recipe = tmp_path / "recipe.yaml"  # a config that loads (its files are not read before training)
+    pair = {"src": str(tmp_path / "train.en"), "tgt": str(tmp_path / "train.de")}
+    recipe.write_text(json.dumps({"data": {"train": pair, "dev": pair}, "model": TINY_MODELS["transformer"]}),
+                      encoding="utf-8")
+    command = [sys.executable, str(REPO / "scripts" / "bootstrap_guided.py"), str(recipe), "--guided",
+               str(recipe), "--out"]
     result = subprocess.run([*command, str(mine)], cwd=REPO, env=OFFLINE_ENV, capture_output=True, text=True)
-    assert result.returncode == 1 and "holds files the bootstrap did not write" in result.stderr
+    assert result.returncode == 2 and "holds files the bootstrap did not write" in result.stderr
     assert [p.name for p in mine.iterdir()] == ["train.align"]
     (tmp_path / "file").write_text("x", encoding="utf-8")
     result = subprocess.run([*command, str(tmp_path / "file")], cwd=REPO, env=OFFLINE_ENV,
                             capture_output=True, text=True)
-    assert result.returncode == 1 and "is a file" in result.stderr
+    assert result.returncode == 2 and "is not a folder" in result.stderr
     assert (tmp_path / "file").read_text(encoding="utf-8") == "x"
     # A folder of the other teacher: its train.align would be taken for this teacher's links.
     made = tmp_path / "made"
@@ -107,6 +111,6 @@ def test_bootstrap_refuses_a_folder_of_someone_elses_files(tmp_path):
     marker.write_text('{"made_by": "scripts/bootstrap_guided.py", "teacher": "attnmt"}\n', encoding="utf-8")
     result = subprocess.run([*command, str(made), "--teacher", "eflomal"], cwd=REPO, env=OFFLINE_ENV,
                             capture_output=True, text=True)
-    assert result.returncode == 1 and "was made with --teacher attnmt" in result.stderr, result.stderr
+    assert result.returncode == 2 and "was made with --teacher attnmt" in result.stderr, result.stderr
     assert '"teacher": "attnmt"' in marker.read_text(encoding="utf-8")
 

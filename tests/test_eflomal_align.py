@@ -53,15 +53,15 @@ def test_careless_calls_are_refused_and_nothing_is_overwritten(toy, tmp_path):
     src = toy / "train.en"
     before = src.read_bytes()
     result = eflomal_align("--src", src, "--tgt", toy / "train.de", "-o", src)
-    assert result.returncode == 1 and "is an input" in result.stderr
+    assert result.returncode == 2 and "is the same file as --src" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and src.read_bytes() == before
     short = tmp_path / "short.de"
     short.write_text("ein Hund\n", encoding="utf-8")
     result = eflomal_align("--src", src, "--tgt", short, "-o", tmp_path / "x.align")
-    assert result.returncode == 1 and "must be aligned by line" in result.stderr
+    assert result.returncode == 3 and "must be aligned by line" in result.stderr
     assert not (tmp_path / "x.align").exists()
     result = eflomal_align("--src", tmp_path / "none.en", "--tgt", short, "-o", tmp_path / "x.align")
-    assert result.returncode == 1 and "no such file" in result.stderr
+    assert result.returncode == 3 and "no such file" in result.stderr
 
 
 def test_output_to_a_pipe_and_input_from_one(toy):
