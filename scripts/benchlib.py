@@ -1,6 +1,6 @@
 """What the training benchmarks share (``bench_sampling.py``, ``bench_multilingual.py``,
 ``bench_backtranslation.py``): attnmt run in a child process, and the end of a run that writes its
-results."""
+results. What every script shares, its arguments' checks and its error guard, is ``scriptargs.py``."""
 
 from __future__ import annotations
 
@@ -15,14 +15,14 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def attnmt(*args) -> subprocess.CompletedProcess:
-    """``python -m attnmt ARGS`` in a child process, its output shown as it comes (stdout kept for eval);
-    the benchmark stops with the command's name if it fails."""
+    """``python -m attnmt ARGS`` in a child process (echoed first), its output shown as it comes (stdout
+    kept for eval); if it fails, the benchmark stops with its exit code: its one error line is said."""
     command = [sys.executable, "-m", "attnmt", *map(str, args)]
     print("$", " ".join(command[2:]), flush=True)
     keep = args[0] == "eval"
     result = subprocess.run(command, cwd=REPO, text=True, stdout=subprocess.PIPE if keep else None)
     if result.returncode != 0:
-        sys.exit(f"attnmt {args[0]} failed (exit {result.returncode})")
+        sys.exit(result.returncode if result.returncode > 0 else 128 - result.returncode)  # a signal: 128+N
     return result
 
 
