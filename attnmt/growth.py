@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -33,6 +34,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from .children import arm_from_env, popen
 
 LENGTHS = (64, 128, 256, 512, 1024, 2048, 4096, 8192)
 BATCH, HEADS, D_MODEL = 1, 4, 256
@@ -106,10 +109,12 @@ def run_child(kernel_name: str, n: int, what: str, mode: str, repeats: int = 3,
     env = dict(os.environ)
     if what == "mib":
         env["MALLOC_MMAP_THRESHOLD_"] = str(64 * 1024)
-    result = subprocess.run(command, env=env, capture_output=True, text=True)
-    if result.returncode != 0:
+    with popen(command, signal.SIGKILL, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+               text=True) as child:  # a measurement is worth nothing once its parent is gone
+        stdout, _ = child.communicate()
+    if child.returncode != 0:
         return None
-    return float(result.stdout.strip().splitlines()[-1])
+    return float(stdout.strip().splitlines()[-1])
 
 
 def fit_lengths(lengths: Sequence[int]) -> list[int]:
@@ -199,4 +204,5 @@ def _child_main(argv: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
+    arm_from_env()  # dies with the process that measures (children.py)
     _child_main(sys.argv[1:])

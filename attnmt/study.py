@@ -25,6 +25,8 @@ Each variant trains in a child process (``python -m attnmt train``), so its peak
 child's ``ru_maxrss``, from ``os.wait4``). A variant is finished when it is in ``results.json``: a second
 run skips it; an interrupted one resumes its run from its last checkpoint (``attnmt train`` does that).
 SIGINT or SIGTERM is passed on to the child, which saves and stops; the study then stops too (130 / 143).
+A study killed outright (SIGKILL, the OOM killer) takes its child with it: the child gets SIGTERM, saves and
+stops as above, and is killed if it has not within ``children.GRACE_S`` (``children.popen``).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from .checkpoint import canonical_hash
+from .children import popen
 from .config import Config, config_from_dict
 from .errors import AttnmtError, ConfigError
 from .runfiles import RunDir, atomic_write_text
@@ -275,8 +278,10 @@ def train_child(config_file: Path, log: Path, name: str, signals: Signals) -> tu
     stops, then StudyInterrupted."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
-        child = subprocess.Popen([sys.executable, "-m", "attnmt", "train", str(config_file)], stdout=out,
-                                 stderr=subprocess.STDOUT, start_new_session=True)
+        # Its own session, so that a terminal's Ctrl-C reaches it only through ``signals``; SIGTERM when
+        # this process dies, as the forwarded one, so that it saves what it trained.
+        child = popen([sys.executable, "-m", "attnmt", "train", str(config_file)], signal.SIGTERM,
+                      stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         signals.child = child
         if signals.received:  # arrived while the child was being started
             child.send_signal(signals.received[0])
