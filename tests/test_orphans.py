@@ -5,9 +5,10 @@ alone (``os.kill(pid, ...)``, not its group, as a service manager or a job sched
 descendant it had (found through /proc, children of children) is gone within 5 s: pool workers and the
 multiprocessing resource tracker (``attribute --workers 2``), serve's decoder in the middle of a batch
 (SIGTERM with no grace: the server leaves by ``os._exit``), a study's training child (SIGKILL: it saves and
-exits 143 as on SIGTERM) and torchrun's ranks (SIGKILL to ``python -m attnmt.launch``). Then the guard
-itself, in a parent script: a child spawned from a thread that has ended lives on (PR_SET_PDEATHSIG would
-have killed it, as the control child shows), and one that ignores SIGTERM is killed after the grace.
+exits 143 as on SIGTERM) and torchrun's ranks (SIGKILL to ``python -m attnmt.launch``; they save too).
+Then the guard itself, in a parent script: a child spawned from a thread that has ended lives on
+(PR_SET_PDEATHSIG would have killed it, as the control child shows), and one that ignores SIGTERM is
+killed after the grace.
 
 SIGTERM to a study or to the launcher is passed on to the training children, which the parent waits for:
 ``test_study.py`` and ``test_torchrun.py`` test those.
@@ -240,6 +241,7 @@ def test_torchruns_ranks_die_with_a_killed_launcher(tiny, tmp_path):
         signal_parent_alone(parent, signal.SIGKILL, children)
     finally:
         kill_all(parent, {})
+    assert list((run / "checkpoints").glob("step_*.pt"))  # saved on the SIGTERM (save_every is 100,000)
 
 
 # ----------------------------------------------------------------------------------- the guard itself
