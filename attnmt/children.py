@@ -92,6 +92,8 @@ def arm(guard: Guard) -> None:
     armed = guard.prctl and _set_parent_death_signal(guard.signal)
     orphaned = os.getppid() != guard.parent  # after the prctl: a parent that died before it is seen here
     if orphaned or not armed or guard.signal != signal.SIGKILL:
+        # Orphaned already: send it ourselves (were the parent to die between the prctl and the check,
+        # the signal comes twice, harmless here: arm runs before any handler is installed).
         delivered = armed and not orphaned
         threading.Thread(target=_watch, args=(guard, delivered), name="attnmt-parent-watch",
                          daemon=True).start()
