@@ -222,3 +222,49 @@ class Batcher:
             return
         for job, result in zip(jobs, results, strict=True):
             job.future.set_result(result)
+
+
+@dataclass
+class Lane:
+    """One batcher over a decoder of its own, and that decoder's ``draw`` (the explorer's data of a
+    sentence and its translation, its source read after a prefix)."""
+
+    name: str
+    batcher: Batcher
+    draw: Callable[[str, str, str], Any]
+
+
+class Lanes:
+    """``attnmt serve``'s decoders: the interactive lane, and a bulk lane for requests that cost more than
+    ``bulk_above`` pieces x beam rows, decoded by a process of lower priority (``os.nice``), so that the
+    kernel gives the cores to the interactive lane whenever it has work: a client sending the largest
+    requests the limits allow slows only the other large requests, never the one-line ones
+    (``scripts/bench_serve.py --hostile``). Without a bulk lane every request takes the interactive one."""
+
+    def __init__(self, interactive: Lane, bulk: Lane | None = None, bulk_above: int = 0) -> None:
+        self.interactive, self.bulk, self.bulk_above = interactive, bulk, bulk_above
+        self.all = [interactive] + ([bulk] if bulk is not None else [])
+
+    def lane(self, cost: int) -> Lane:
+        """The lane of a request of ``cost`` pieces x beam rows."""
+        return self.bulk if self.bulk is not None and cost > self.bulk_above else self.interactive
+
+    def pending(self) -> int:
+        return sum(lane.batcher.pending() for lane in self.all)
+
+    def close(self, timeout: float | None = None) -> bool:
+        """``Batcher.close`` of every lane within one ``timeout``; True if all finished."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for lane in self.all:  # every lane refuses new requests first
+            lane.batcher.close(0)
+        done = True
+        for lane in self.all:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            done = lane.batcher.close(left) and done
+        return done
+
+    def describe(self) -> dict:
+        """What each lane's batcher has done, for ``/info``."""
+        return {lane.name: {"batches": lane.batcher.stats.batches, "sentences": lane.batcher.stats.sentences,
+                            "largest": lane.batcher.stats.largest, "pending": lane.batcher.pending()}
+                for lane in self.all}

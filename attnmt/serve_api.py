@@ -3,9 +3,10 @@
 Endpoints (every error is JSON ``{"error": "one line"}``, never a traceback):
 
 - ``POST /translate`` ``{"text": [...] or "...", "beam_size", "nbest", "length_penalty", "sampling",
-  "temperature", "top_k", "top_p", "seed"}``: the options and checks of ``attnmt translate``; a bad field
-  is 422 naming it; more than ``max_sentences`` sentences or a sentence over ``max_chars`` characters is
-  413, and so is a body over what those allow. Answers ``{"translations": [{"outputs": [{"text",
+  "temperature", "top_k", "top_p", "seed", "prefix", "constraints", "scores", "tgt_lang"}``: the options
+  and checks of ``attnmt translate``; a bad field is 422 naming it, text that is not valid Unicode too
+  (``check_unicode``); whatever costs decoding is bounded by the server's limits (``serve_limits``: 413
+  or 422 naming the field). Answers ``{"translations": [{"outputs": [{"text",
   "score"}], "truncated"}]}``, one entry per sentence in order (a score is null where the model has none
   to give: a CTranslate2 export's single output).
 - ``POST /attention`` ``{"text": "...", "beam_size", "length_penalty", "prefix", "constraints",
@@ -14,12 +15,12 @@ Endpoints (every error is JSON ``{"error": "one line"}``, never a traceback):
   layer and head of the cross-, encoder self- and decoder self-attention in the explorer's data format
   (``explorer.Packed``: ``data``, ``weights``, ``bytes``).
 - ``GET /health``: ``{"status": "ok", "pending": requests waiting}``; ``GET /info``: the model, its
-  languages, parameters, decode defaults, the limits and what the batcher has done.
+  languages, parameters, decode defaults, the limits and what each lane's batcher has done.
 - ``GET /``: the page (``attnmt/web/serve.*`` with the explorer's heatmap and lines); ``GET /docs``:
   the OpenAPI page, its script and style served from the ``swagger-ui-bundle`` package, not a CDN.
 
 One JSON line per request goes to stderr (``access_line``): time, client, method, path, status, latency
-in ms, sentences and source pieces. The routes are ``server.py``'s.
+in ms, sentences, source pieces and lane. The routes are ``server.py``'s.
 """
 
 from __future__ import annotations
@@ -48,31 +49,18 @@ from starlette.requests import Request
 from .batcher import Settings
 from .config import DataConfig
 from .decode import Sampling
-from .errors import ConfigError, ConstraintError
+from .errors import ConfigError
+from .serve_limits import Limits, Refused
 from .translator import DecodeOverrides, Translator
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What one request may hold: sentences (``max_sentences``), characters per sentence (``max_chars``);
-    the body may hold what they allow, JSON-escaped, and some room for the options."""
-
-    max_sentences: int = 100
-    max_chars: int = 2000
-
-    @property
-    def max_body(self) -> int:
-        return self.max_sentences * (self.max_chars * 12 + 8) + 4096  # "\uXXXX" per UTF-16 unit, two a char
 
 
 @dataclass
 class Served:
     """The model behind the server: its translator, where it came from, and its description for /info."""
 
-    translator: Translator  # for the settings and the tokenizer; the decoding is ``draw``'s and the batcher's
+    translator: Translator  # for the settings and the tokenizer; the decoding is the lanes'
     path: Path
     info: dict
-    draw: Callable[[str, str, str], object]  # (sentence, translation, source prefix) -> explorer.Packed
     log: Callable[[str], None]  # one access line (``AccessLog.write``)
     limits: Limits = field(default_factory=Limits)
     cut: bool = False  # a request was cancelled before it was answered (the shutdown ran out of time)
@@ -105,14 +93,6 @@ class AccessLog:
         self.listener.stop()
 
 
-class TooLarge(Exception):
-    """A request over the limits (HTTP 413)."""
-
-
-class Refused(Exception):
-    """A request whose fields are each valid but do not go together (HTTP 422)."""
-
-
 Number = StrictInt | StrictFloat
 
 
@@ -141,6 +121,7 @@ class TranslateRequest(BaseModel):
 
     @model_validator(mode="after")
     def _sampling_options(self) -> TranslateRequest:
+        check_unicode(self, ("text", "prefix", "constraints", "tgt_lang"))
         options = ("temperature", "top_k", "top_p", "seed")
         given = [name for name in options if getattr(self, name) is not None]
         if given and not self.sampling:
@@ -188,6 +169,33 @@ class AttentionRequest(BaseModel):
     constraints: list[StrictStr] | None = Field(None, description="The phrases it must hold.")
     tgt_lang: StrictStr | None = Field(None, description="A multilingual model's target language.")
 
+    @model_validator(mode="after")
+    def _unicode(self) -> AttentionRequest:
+        check_unicode(self, ("text", "prefix", "constraints", "tgt_lang"))
+        return self
+
+
+def check_unicode(body: BaseModel, names: tuple[str, ...]) -> None:
+    """A ValueError naming the first string of these fields that is not valid Unicode: JSON may carry a
+    lone surrogate (``"\\ud83d"``, what ``JSON.stringify`` writes for a string cut inside an emoji), which
+    no tokenizer can encode."""
+    for name in names:
+        _check_text(name, getattr(body, name))
+
+
+def _check_text(where: str, value: object) -> None:
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            code = ord(value[e.start])
+            raise ValueError(f"{where}: not valid Unicode: a lone surrogate (\\u{code:04x}) at character "
+                             f"{e.start}; send whole characters (a string cut inside an emoji leaves half "
+                             "of one)") from None
+    elif isinstance(value, list):
+        for k, item in enumerate(value):
+            _check_text(f"{where}[{k}]", item)
+
 
 def settings_for(translator: Translator, beam_size: int | None, nbest: int, length_penalty: float | None,
                  sampling: Sampling | None, words: bool = False, tgt_lang: str | None = None,
@@ -202,22 +210,6 @@ def settings_for(translator: Translator, beam_size: int | None, nbest: int, leng
     except ConfigError as e:
         raise Refused(str(e)) from None
     return Settings(decode.beam_size, decode.nbest, float(decode.length_penalty), sampling, words, prefix)
-
-
-def check_constraints(served: Served, lines: list[str], constraints: list[list[str]] | None,
-                      settings: Settings) -> None:
-    """Refused (422, naming the sentence) for phrases no search can hold, before the request is batched
-    with others that would fail with it; and for a CTranslate2 export, which has no lexical constraints."""
-    if constraints is None or not any(constraints):
-        return
-    if not served.info["attention"]:
-        raise Refused("constraints: a CTranslate2 export has no lexical constraints")
-    translator = served.translator.with_overrides(DecodeOverrides(settings.beam_size, settings.nbest))
-    translator.source_prefix = settings.source_prefix
-    try:
-        translator.encode_constraints(translator.encode(lines), constraints)
-    except ConstraintError as e:
-        raise Refused(f"constraints[{e.line - 1}]: {e.reason}") from None
 
 
 def variant_maker(translator: Translator) -> Callable[[Settings], Translator]:
@@ -256,7 +248,8 @@ def access_line(request: Request, status: int, started: float) -> str:
                        "client": request.client.host if request.client else None,
                        "method": request.method, "path": request.url.path, "status": status,
                        "ms": round((time.perf_counter() - started) * 1000, 2),
-                       "sentences": getattr(state, "sentences", 0), "tokens": getattr(state, "tokens", 0)})
+                       "sentences": getattr(state, "sentences", 0), "tokens": getattr(state, "tokens", 0),
+                       "lane": getattr(state, "lane", None)})
 
 
 def page_html() -> str:

@@ -28,13 +28,17 @@ LINES = ["monday , 3 june 2001", "saturday the 4th of april 2004", "3/6/2001", "
 
 
 class Server:
-    """``attnmt serve RUN --port 0 ...`` in its own process; ``url`` from its first line on stderr."""
+    """``attnmt serve RUN --port 0 --threads 1 ...`` in its own process; ``url`` from its first line on
+    stderr. One intra-op thread per decoder: beside the other test process on two cores, two threads of
+    one decoder wait on each other at every operation (a one-line request took 0.1 to 1 s instead of 30
+    to 150 ms), and a request could run past the time budget."""
 
     def __init__(self, model: Path, log: Path, *args: str) -> None:
         self.log = log
         self.stderr = open(log, "w", encoding="utf-8")  # noqa: SIM115 - closed in stop
-        self.process = subprocess.Popen([sys.executable, "-m", "attnmt", "serve", str(model), "--port", "0",
-                                         *args], cwd=REPO, env={**os.environ, **OFFLINE_ENV},
+        command = [sys.executable, "-m", "attnmt", "serve", str(model), "--port", "0", "--threads", "1",
+                   *args]
+        self.process = subprocess.Popen(command, cwd=REPO, env={**os.environ, **OFFLINE_ENV},
                                         stdout=subprocess.DEVNULL, stderr=self.stderr)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -150,7 +154,12 @@ def test_health_info_and_docs(server):
     described = (info["src_lang"], info["tgt_lang"], info["tgt_langs"], info["arch"], info["attention"])
     assert described == ("en", "de", ["de"], "transformer", True)
     assert info["parameters"] > 0 and info["decode"]["beam_size"] >= 1
-    assert info["limits"] == {"max_sentences": 8, "max_chars": 200}
+    decode = info["decode"]
+    limits = {"max_sentences": 8, "max_chars": 200, "max_beam": 8, "max_phrases": 8,
+              "max_request_seconds": 5.0, "bulk_above": 1024, "max_src_pieces": decode["max_src_len"],
+              "max_len_a": decode["max_len_a"], "max_len_b": decode["max_len_b"]}
+    assert {key: info["limits"][key] for key in limits} == limits
+    assert info["limits"]["max_body_bytes"] > 8 * 200
     docs = server.client.get("/docs")
     assert docs.status_code == 200 and "/docs-assets/swagger-ui-bundle.js" in docs.text
     assert "cdn" not in docs.text.lower()
@@ -321,6 +330,10 @@ def test_a_shutdown_whose_grace_runs_out_exits_143(model, tmp_path):
     assert all(a in (200, 503) or isinstance(a, httpx.TransportError) for a in answers), answers
     server.client.close()
     server.stderr.close()
+    # The documented line and the access lines only: no uvicorn "ERROR:", no CancelledError traceback.
+    lines = server.log.read_text(encoding="utf-8").splitlines()[1:]
+    said = [line for line in lines if not line.startswith("{")]
+    assert said == ["attnmt serve: stopped by SIGTERM with requests unanswered (--grace 0 s ran out)"], said
 
 
 def test_check_a_busy_port_and_a_bad_host(server, model):
@@ -455,7 +468,7 @@ def test_constraints_are_translates_and_bad_ones_a_422_for_their_request_alone(s
     answer = server.client.post("/translate", json={"text": LINES[:3], "constraints": phrases})
     assert answer.status_code == 200, answer.text
     assert best(answer.json()) == cli and "2041" in cli[0]
-    long = [[], [" ".join(str(n) for n in range(80))]]
+    long = [[], [" ".join("1" * 90)]]  # 179 characters, within --max-chars: 90 pieces, past the length limit
     bad = server.client.post("/translate", json={"text": LINES[:2], "constraints": long})
     assert bad.status_code == 422 and bad.json()["error"].startswith("constraints[1]: the phrases take ")
     for body, message in (({"text": LINES[:2], "constraints": [[]]}, "constraints: 1 lists for 2 sentences"),

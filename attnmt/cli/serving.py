@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
+import logging
+import math
 import os
 import signal
 import socket
@@ -44,6 +46,20 @@ def serve(
                                                "per request (more: HTTP 413).")] = 100,
     max_chars: Annotated[int, typer.Option("--max-chars", min=1, max=1_000_000, help="Characters per "
                                            "sentence (more: HTTP 413).")] = 2000,
+    max_beam: Annotated[int, typer.Option("--max-beam", min=1, max=1024, help="Beam rows per sentence "
+                                          "(beam_size, nbest, a sampling request's nbest; more: HTTP "
+                                          "422).")] = 8,
+    max_phrases: Annotated[int, typer.Option("--max-phrases", min=0, max=1024, help="Constraint phrases "
+                                             "per sentence (more: HTTP 413); their characters count "
+                                             "against --max-chars together.")] = 8,
+    max_request_seconds: Annotated[float, typer.Option("--max-request-seconds", min=0.01, max=3600,
+                                                       help="The time budget of a batch in a decoder: "
+                                                       "one that runs over is cut and its requests "
+                                                       "answered HTTP 503; the others go on.")] = 5.0,
+    bulk_above: Annotated[int, typer.Option("--bulk-above", min=0, max=2**31, help="Decode requests of "
+                                            "more source and prefix pieces x beam rows than this in a "
+                                            "second decoder of low priority, so that they never delay "
+                                            "smaller ones (0: one decoder for all).")] = 1024,
     threads: Annotated[int | None, typer.Option("--threads", min=1, max=1024, help="Intra-op threads of "
                                                 "the decoding process (default: every core this process may "
                                                 "use).", show_default=False)] = None,
@@ -54,7 +70,30 @@ def serve(
     device: DeviceOpt = "auto",
 ) -> None:
     """Serve MODEL over HTTP: POST /translate and /attention, GET /health, /info, the page at / and the
-    API's documentation at /docs. SIGTERM stops accepting, finishes what is in flight and exits 0."""
+    API's documentation at /docs. SIGTERM stops accepting, finishes what is in flight and exits 0. Every
+    request is checked against the limits (stated in /info) before it is queued."""
+    _needs_the_extra()
+    from ..serve_limits import Limits
+
+    limits = Limits(max_sentences, max_chars, max_beam, max_phrases, max_request_seconds, bulk_above)
+    if not all(math.isfinite(x) for x in (max_wait_ms, grace, max_request_seconds)):
+        raise ConfigError("--max-wait-ms, --grace and --max-request-seconds take finite numbers")
+    translator, cfg, path = open_translator(model, device)
+    if translator.decode.beam_size > max_beam:
+        raise ConfigError(f"--max-beam {max_beam} is below the model's decode.beam_size "
+                          f"{translator.decode.beam_size}: requests without a beam_size would be refused")
+    sock = _bind(host, port)
+    try:
+        threads = threads if threads is not None else len(os.sched_getaffinity(0))
+        code = _run(sock, translator, cfg, path, (max_batch_tokens, max_wait_ms / 1000, threads), limits,
+                    grace, check)
+    finally:
+        sock.close()
+    if code:
+        raise typer.Exit(code)
+
+
+def _needs_the_extra() -> None:
     try:
         import uvicorn  # noqa: F401
 
@@ -62,22 +101,6 @@ def serve(
     except ImportError as e:
         raise ConfigError(f"attnmt serve needs the 'serve' extra ({e.name} is missing): "
                           "pip install 'attnmt[serve]'") from None
-    import math
-
-    from ..serve_api import Limits
-
-    if not math.isfinite(max_wait_ms) or not math.isfinite(grace):
-        raise ConfigError("--max-wait-ms and --grace take finite numbers")
-    translator, cfg, path = open_translator(model, device)
-    sock = _bind(host, port)
-    try:
-        threads = threads if threads is not None else len(os.sched_getaffinity(0))
-        code = _run(sock, translator, cfg, path, (max_batch_tokens, max_wait_ms / 1000, threads),
-                    Limits(max_sentences, max_chars), grace, check)
-    finally:
-        sock.close()
-    if code:
-        raise typer.Exit(code)
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -113,11 +136,9 @@ def _describe(translator, cfg, path: Path) -> dict:
 def _run(sock, translator, cfg, path: Path, batching: tuple[int, float, int], limits, grace: float,
          check: bool) -> int:
     """Serve until a signal; the exit code: 0, or 130 / 143 when requests in flight were cut.
-    ``batching``: the budget in pieces, the wait in seconds and the decoding thread's intra-op threads."""
+    ``batching``: the budget in pieces, the wait in seconds and the decoders' intra-op threads."""
     import uvicorn
 
-    from ..batcher import Batcher
-    from ..decoder_process import DecoderProcess
     from ..serve_api import AccessLog, Served, page_html
     from ..server import create_app
 
@@ -128,43 +149,70 @@ def _run(sock, translator, cfg, path: Path, batching: tuple[int, float, int], li
         sys.stderr.write(f"attnmt serve: http://{host}:{port} ({path}, {info['arch']}, "
                          f"{info['src_lang']}-{info['tgt_lang']}) [check]\n")
         return 0
-    for heavy in ("model", "engine"):  # the decoder process loads its own; this one reads settings and pieces
+    for heavy in ("model", "engine"):  # the decoders load their own; this one reads settings and pieces
         if hasattr(translator, heavy):
             setattr(translator, heavy, None)
-    decoder = DecoderProcess(functools.partial(open_translator, path, Device(translator.device.type)),
-                             batching[2])
+    lanes, decoders = _lanes(translator, path, batching, limits)
     access = AccessLog()
-    served = Served(translator, path, info, decoder.draw, access.write, limits, data=cfg.data)
-    measure = lambda lines: sum(len(ids) + 1 for ids in translator.tokenizer.encode_src(lines))  # noqa: E731
-    batcher = Batcher(decoder.variant, measure, *batching[:2])
+    served = Served(translator, path, info, access.write, limits, data=cfg.data)
     drained = True
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
         nonlocal drained
         yield
-        drained = batcher.close(grace)  # after uvicorn stopped taking requests and waited for its own
+        drained = lanes.close(grace)  # after uvicorn stopped taking requests and waited for its own
         if drained:
-            decoder.close()
+            for decoder in decoders:
+                decoder.close()
 
-    app = create_app(served, batcher, page_html(), lifespan)
+    app = create_app(served, lanes, page_html(), lifespan)
     sys.stderr.write(f"attnmt serve: http://{host}:{port} ({path}, {info['arch']}, "
                      f"{info['src_lang']}-{info['tgt_lang']})\n")
     sys.stderr.flush()
     config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=grace,
                             lifespan="on", server_header=False)
+    logging.getLogger("uvicorn.error").addFilter(_OwnShutdownLine())
     server = _Server(config)
     server.run(sockets=[sock])
     access.close()
     if server.stopped_by is None or not (served.cut or not drained or server.force_exit):
         return 0
-    # Requests were cut, and the batcher's thread may still wait on the decoder: leave without the
-    # interpreter's shutdown (the decoder process ends when its pipe closes).
+    # Requests were cut, and a batcher's thread may still wait on its decoder: stop the decoders, and
+    # leave without the interpreter's shutdown.
+    for decoder in decoders:
+        decoder.kill()
     sys.stderr.write(f"attnmt serve: stopped by {server.stopped_by.name} with requests unanswered "
                      f"(--grace {grace:g} s ran out)\n")
     sys.stderr.flush()
     sys.stdout.flush()
     os._exit(EXIT[server.stopped_by])
+
+
+def _lanes(translator, path: Path, batching: tuple[int, float, int], limits) -> tuple:
+    """The interactive lane and, with ``limits.bulk_above``, the bulk lane: each a decoder process (the
+    bulk one at the lowest priority) and a batcher over it; both decoders load the model at once."""
+    from ..batcher import Batcher, Lane, Lanes
+    from ..decoder_process import DecoderProcess
+
+    opener = functools.partial(open_translator, path, Device(translator.device.type))
+    niceness = {"interactive": 0, "bulk": 19} if limits.bulk_above else {"interactive": 0}
+    decoders = {name: DecoderProcess(opener, batching[2], nice=nice, budget=limits.max_seconds)
+                for name, nice in niceness.items()}
+    for decoder in decoders.values():
+        decoder.wait_ready()
+    measure = lambda lines: sum(len(ids) + 1 for ids in translator.tokenizer.encode_src(lines))  # noqa: E731
+    made = {name: Lane(name, Batcher(decoder.variant, measure, *batching[:2]), decoder.draw)
+            for name, decoder in decoders.items()}
+    return Lanes(made["interactive"], made.get("bulk"), limits.bulk_above), list(decoders.values())
+
+
+class _OwnShutdownLine(logging.Filter):
+    """uvicorn's "Cancel N running task(s), timeout graceful shutdown exceeded": the command writes its
+    own line for it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "timeout graceful shutdown exceeded" not in record.getMessage()
 
 
 def _server_class():
