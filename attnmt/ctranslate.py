@@ -24,7 +24,6 @@ import json
 import math
 import os
 import shutil
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -34,8 +33,8 @@ from .batching import token_batches
 from .checkpoint import sha256_file
 from .config import Config, config_from_dict
 from .decode import Hypothesis, Sampling, check_search_settings, output_limit
-from .errors import CheckpointError, ConfigError, ResourceError
-from .runfiles import EXPORT_MANIFEST, fsync_dir
+from .errors import CheckpointError, ConfigError, os_error
+from .runfiles import EXPORT_MANIFEST, fsync_dir, temporary_folder
 from .tokenizer import BOS_ID, META_FILE, PAD_ID, Tokenizer, load_tokenizer
 from .translator import Translator
 
@@ -169,9 +168,9 @@ def export_ctranslate2(model_path: Path, out: Path, quantization: str = "float32
         spec = build_spec(model, cfg, tokenizer)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+        tmp = temporary_folder(out)
     except OSError as e:
-        raise ResourceError(f"{out}: cannot write: {(e.strerror or type(e).__name__).lower()}") from None
+        raise os_error(out, e) from None
     try:
         spec.validate()
         spec.optimize(quantization=quantization)
@@ -199,7 +198,7 @@ def export_ctranslate2(model_path: Path, out: Path, quantization: str = "float32
         fsync_dir(out.parent)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise ResourceError(f"{out}: cannot write: {(e.strerror or type(e).__name__).lower()}") from None
+        raise os_error(out, e) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

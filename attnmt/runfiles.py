@@ -28,6 +28,7 @@ left half-written (``remove_stale``), so attnmt only ever replaces or deletes pa
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -115,8 +116,9 @@ def keep_attributes(target: int | Path, replaced: Path | os.stat_result | None) 
             try:
                 os.chown(target, uid, replaced.st_gid)
                 break
-            except PermissionError:  # EPERM: not the owner's to give away, nor a group of this user's
-                continue
+            except OSError as e:  # EPERM: not ours to give away; EINVAL: an owner a user namespace cannot map
+                if e.errno not in (errno.EPERM, errno.EINVAL):
+                    raise
     os.chmod(target, stat.S_IMODE(replaced.st_mode))
 
 
@@ -150,6 +152,20 @@ def write_through(path: Path, data: bytes) -> None:
                 view = view[handle.write(view):]
     except OSError as e:
         raise os_error(path, e) from None
+
+
+def temporary_folder(final: Path) -> Path:
+    """A new folder ``.NAME.tmp-XXXXXXXX`` beside ``final``, to be filled and moved into its place whole:
+    with the umask's mode (``mkdtemp`` gives 0o700), or, when ``final`` is a folder it will replace, that
+    folder's attributes (``keep_attributes``)."""
+    while True:
+        tmp = final.with_name(f".{final.name}.tmp-{secrets.token_hex(4)}")
+        try:
+            tmp.mkdir()
+        except FileExistsError:
+            continue
+        keep_attributes(tmp, final)
+        return tmp
 
 
 def atomic_write_bytes(path: Path, data: bytes, durable: bool = True) -> None:

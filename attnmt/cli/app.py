@@ -4,26 +4,34 @@ and applies the error guard.
 The contract (``docs/RELIABILITY.md``): every expected failure is an ``AttnmtError`` raised by library
 code, and the guard turns it into one ``error:`` line on stderr and the exit code of its class
 (``errors.py``); a usage error Click finds (a bad option value, a missing argument) is one line too, exit
-2. Anything else is a bug: one line, exit 1. ``--debug`` adds the traceback before the line (never the
-frames' local variables) and keeps the exit code. Heavy libraries are imported inside the commands so
-that ``attnmt --help`` stays fast and never touches the network.
+2. An operating system's error that is a resource (a full disk, a file-size limit, a read-only file
+system, permission denied, too many open files, out of memory: ``errors.RESOURCE_ERRNOS``) that escaped
+the library's own mapping is one line too, exit 5, naming its file (or the command's outputs). Anything
+else is a bug: one line, exit 1. ``--debug`` adds the traceback before the line (never the frames' local
+variables) and keeps the exit code. Python warnings from libraries (torch, sentencepiece, ...) go to the
+log at DEBUG, shown only with ``--debug``: they never add a line beside the contract's one. Heavy
+libraries are imported inside the commands so that ``attnmt --help`` stays fast and never touches the
+network.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import logging
 import os
+import signal
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Annotated, Any
 
 import typer
 from typer.core import TyperGroup
 
-from ..errors import OUT_OF_MEMORY, AttnmtError, is_out_of_memory
-from .contract import DECLARED, Declared, Output, Param, check_options, parameters
+from ..errors import OUT_OF_MEMORY, RESOURCE_ERRNOS, AttnmtError, is_out_of_memory, os_error
+from .contract import DECLARED, Declared, Output, Param, as_list, check_options, parameters
 
 
 class _OneLineErrors(TyperGroup):
@@ -89,6 +97,20 @@ def main(
     # would flush the old stream, which may be closed by then).
     handler.stream = sys.stderr
     handler.setLevel(logging.DEBUG if debug else logging.WARNING)
+    warnings.showwarning = _log_warning
+    logging.raiseExceptions = False  # a log line that cannot be written (a full disk) prints no traceback
+    logging.getLogger("py.warnings").setLevel(logging.DEBUG if debug else logging.WARNING)
+    # Over the file-size limit (RLIMIT_FSIZE) a write fails with EFBIG, which the contract reports, instead of
+    # SIGXFSZ killing the process (Python ignores it at start already; a program that embeds attnmt may not).
+    with contextlib.suppress(ValueError):  # not the main thread: signals are not its to set
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+
+def _log_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                 file: Any = None, line: str | None = None) -> None:
+    """``warnings.showwarning`` for the command line: a library's warning is a DEBUG record of the log
+    (shown with ``--debug``), never a line of its own on stderr beside the contract's one."""
+    logging.getLogger("py.warnings").debug("%s: %s (%s:%s)", category.__name__, message, filename, lineno)
 
 
 def fail(message: str, code: int) -> None:
@@ -106,9 +128,23 @@ def _traceback_if_debug() -> None:
         traceback.print_exc(file=sys.stderr)
 
 
+def os_error_line(error: OSError, writing: list[str]) -> str:
+    """The one line of an operating system's resource error that no library code mapped: its file, or
+    (a full disk or a file-size limit that names none: a write of a buffered file) the outputs the command
+    was writing (``writing``: "--out PATH", ...)."""
+    if error.filename is not None:
+        name = error.filename
+        return str(os_error(os.fsdecode(name) if isinstance(name, (str, bytes)) else str(name), error, None))
+    cause = str(os_error(None, error, None))
+    if writing and error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return f"{', '.join(writing)}: cannot write: {cause}"
+    return cause
+
+
 @contextlib.contextmanager
-def error_guard() -> Iterator[None]:
-    """Map whatever a command raises to the exit-code contract."""
+def error_guard(writing: list[str] | None = None) -> Iterator[None]:
+    """Map whatever a command raises to the exit-code contract; ``writing``: the outputs the command was
+    given ("--out PATH"), for an error that names no file."""
     try:
         yield
     except AttnmtError as e:
@@ -128,6 +164,8 @@ def error_guard() -> Iterator[None]:
         _traceback_if_debug()
         if is_out_of_memory(e):
             fail(OUT_OF_MEMORY, 5)
+        if isinstance(e, OSError) and e.errno in RESOURCE_ERRNOS:  # the shared net: a place not mapped yet
+            fail(os_error_line(e, writing or []), 5)
         first = str(e).splitlines()[0] if str(e) else ""
         fail(f"internal error: {type(e).__name__}: {first} (run with --debug for a traceback)", 1)
 
@@ -145,9 +183,12 @@ def command(name: str | None = None, inputs: tuple[str, ...] = (), outputs: dict
 
         @functools.wraps(function)
         def guarded(*args: Any, **kwargs: Any) -> None:
-            with error_guard():
+            writing: list[str] = []
+            with error_guard(writing):
                 params.update(params or parameters(function))
                 check_options(kwargs, declared, params)
+                writing += [f"{params[name].spelling} {path}" for name in declared.outputs
+                            for path in as_list(kwargs.get(name)) if path is not None]
                 function(*args, **kwargs)
 
         app.command(name, **options)(guarded)

@@ -96,7 +96,7 @@ def check_options(values: dict[str, object], declared: Declared, params: dict[st
     """Every check of this module on one command's parsed ``values``; a ConfigError names the option."""
     for name, value in values.items():
         param = params.get(name, Param(name))
-        for item in _as_list(value):
+        for item in as_list(value):
             check_number(param, item)
     check_paths(values, declared, {name: param.spelling for name, param in params.items()})
 
@@ -115,11 +115,11 @@ def check_number(param: Param, value: object) -> None:
 
 def check_paths(values: dict[str, object], declared: Declared, names: dict[str, str]) -> None:
     """The output rules of the module docstring, for every output option against every input option."""
-    inputs = [(names[n], Path(p)) for n in declared.inputs for p in _as_list(values.get(n))
+    inputs = [(names[n], Path(p)) for n in declared.inputs for p in as_list(values.get(n))
               if p is not None and str(p) != "-"]
     seen: list[tuple[str, Path]] = []
     for name, output in declared.outputs.items():
-        for path in _as_list(values.get(name)):
+        for path in as_list(values.get(name)):
             if path is None:
                 continue
             path = Path(path)
@@ -163,7 +163,7 @@ def check_output(flag: str, path: Path, output: Output, inputs: Iterable[tuple[s
                           "new or empty folder)")
 
 
-def _as_list(value: object) -> list:
+def as_list(value: object) -> list:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
