@@ -8,12 +8,12 @@ for ever: a pool worker blocks on a queue whose write end it holds itself, so it
 
 In the child, ``arm`` does, first thing:
 
-1. ``prctl(PR_SET_PDEATHSIG, signal)`` (Linux, through ctypes: one call does not need a C extension),
-   so the kernel sends the signal the moment the parent exits, however it exits;
+1. for SIGKILL, ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` (Linux, through ctypes: one call does not need a C
+   extension), so the kernel kills the child the moment the parent exits, however it exits;
 2. then checks that ``getppid()`` is still the parent it was spawned by: a parent that died before the
    prctl went unnoticed by it, and the child is then an orphan already;
-3. and, where prctl cannot cover it or the signal asks for a grace, a daemon thread that polls
-   ``getppid()`` every ``POLL_S`` (an orphan is re-parented, to init or to a subreaper).
+3. and, where prctl is not used, a daemon thread that polls ``getppid()`` every ``POLL_S`` (an orphan
+   is re-parented, to init or to a subreaper) and then signals its own process.
 
 **Threads.** The kernel fires PR_SET_PDEATHSIG when the *thread* that spawned the child exits, not the
 process: a child spawned from a worker thread would be killed when that thread ends, parent alive. So
@@ -24,9 +24,13 @@ from any other thread it relies on the watchdog alone.
 **Which signal.** Pool workers and the decoder hold nothing worth saving: SIGKILL (the decoder ignores
 SIGTERM anyway). A training child (a study's, torchrun's ranks) gets SIGTERM, which ``attnmt train``
 handles as a user's SIGTERM: it finishes the step, saves a checkpoint and exits 143 (well under a second
-on the tests' tiny model). If it has not exited ``GRACE_S`` after its parent died (a long step, a slow
-save: saves are atomic, so a cut one loses nothing but the steps since the last checkpoint), the watchdog
-sends SIGKILL; so every child is gone within ``POLL_S + GRACE_S`` < 5 s of its parent.
+on the tests' tiny model). That SIGTERM comes from the watchdog, never from prctl: the kernel sends the
+death signal again each time the child is re-parented, and a dying multi-threaded parent can hand it to
+its other threads one after another before init takes it; ``attnmt train`` takes a second SIGTERM as
+"leave now, unsaved" (torchrun's ranks did, killed with their launcher). The watchdog sends exactly one,
+``POLL_S`` at most after the parent died, and SIGKILL ``GRACE_S`` later if the child is still there (a
+long step, a slow save: saves are atomic, so a cut one loses nothing but the steps since the last
+checkpoint); so every child is gone within ``POLL_S + GRACE_S`` < 5 s of its parent.
 
 **Commands.** The parent passes ``Guard`` in ``PARENT_ENV``; ``python -m attnmt`` and ``python -m
 attnmt.growth`` call ``arm_from_env`` before anything else, which removes the variable, so that their own
@@ -57,7 +61,7 @@ _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 @dataclass(frozen=True)
 class Guard:
     """What a child needs to die with its parent: the parent's pid, the signal it is to get, and whether
-    prctl may be used (the parent spawned it from its main thread)."""
+    prctl may be used for a SIGKILL (the parent spawned it from its main thread)."""
 
     parent: int
     signal: int
@@ -89,14 +93,11 @@ def arm(guard: Guard) -> None:
     """Die with ``guard.parent``: see the module's docstring. Returns at once."""
     if os.getppid() != guard.parent and _is_ancestor(guard.parent):
         return  # a wrapper between us (torchrun --no-python, a shell): not ours to guard
-    armed = guard.prctl and _set_parent_death_signal(guard.signal)
-    orphaned = os.getppid() != guard.parent  # after the prctl: a parent that died before it is seen here
-    if orphaned or not armed or guard.signal != signal.SIGKILL:
-        # Orphaned already: send it ourselves (were the parent to die between the prctl and the check,
-        # the signal comes twice, harmless here: arm runs before any handler is installed).
-        delivered = armed and not orphaned
-        threading.Thread(target=_watch, args=(guard, delivered), name="attnmt-parent-watch",
-                         daemon=True).start()
+    if guard.signal == signal.SIGKILL and guard.prctl and _set_parent_death_signal(signal.SIGKILL):
+        if os.getppid() != guard.parent:  # after the prctl: a parent that died before it is seen here
+            os.kill(os.getpid(), signal.SIGKILL)
+        return
+    threading.Thread(target=_watch, args=(guard,), name="attnmt-parent-watch", daemon=True).start()
 
 
 def arm_from_env() -> None:
@@ -108,13 +109,12 @@ def arm_from_env() -> None:
         arm(guard)
 
 
-def _watch(guard: Guard, delivered: bool) -> None:
-    """Wait for the parent to go; then its signal (unless the kernel sent it: a training child takes a
-    second SIGTERM as "leave now, unsaved") and, after ``GRACE_S``, SIGKILL."""
+def _watch(guard: Guard) -> None:
+    """Wait for the parent to go (at once if it has gone already); then its signal, once, and after
+    ``GRACE_S``, SIGKILL."""
     while os.getppid() == guard.parent:
         time.sleep(POLL_S)
-    if not delivered:
-        os.kill(os.getpid(), guard.signal)
+    os.kill(os.getpid(), guard.signal)
     if guard.signal != signal.SIGKILL:
         time.sleep(GRACE_S)
         os.kill(os.getpid(), signal.SIGKILL)

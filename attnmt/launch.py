@@ -25,9 +25,8 @@ def main() -> None:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.run import main as torchrun
 
-    # torchrun's agent starts (and restarts) the ranks from its run loop, on the thread that called its
-    # main (LocalElasticAgent.run -> start_processes -> Popen): this one, the main thread, so the guard
-    # taken here is the one the ranks' spawning thread gives (prctl is safe).
+    # Read by each rank's `python -m attnmt` (and removed there): its watchdog sends it one SIGTERM when
+    # this process is gone (torchrun's agent runs in it: the ranks are its children).
     os.environ[PARENT_ENV] = guard_for(signal.SIGTERM).to_env()
     try:
         torchrun()
