@@ -4,12 +4,18 @@ itself, so an option added later is covered without touching this file.
 For every command and every option of it, the command runs on a valid invocation (``BASELINES``) with that
 option given a hostile value: ``inf``, ``-inf``, ``nan``, ``-1``, ``0``, ``2**70``, an empty string, a
 folder, a missing path, a named pipe with no writer, a file without read permission (when not root: root
-reads it anyway), and each file the invocation reads (its own input as its output). A flag is switched
-on instead. Then hypothesis draws several such options at once. Every run either succeeds or prints
-exactly one ``error:`` line with a contract exit code (2 usage, 3 data, 4 model, 5 resources), never a
-traceback, and every file that existed before is byte for byte the same after (the whole world is
-hashed). A run that waits on the named pipe is stopped after a second: waiting for a writer is what a
-reader of a pipe does, and nothing may have changed by then.
+reads it anyway), a plain ``pickle.dump`` file, and each file the invocation reads (its own input as its
+output). A flag is switched on instead. Then hypothesis draws several such options at once. Every run
+either succeeds, with no library's warning on stderr, or prints exactly one ``error:`` line with a
+contract exit code (2 usage, 3 data, 4 model, 5 resources), never a traceback, and every file that
+existed before is byte for byte the same after (the whole world is hashed). A run that waits on the
+named pipe is stopped after a second: waiting for a writer is what a reader of a pipe does, and nothing
+may have changed by then.
+
+Every command that writes (its declared outputs) also runs with its outputs replaced: a file the user set
+to 0600 (and another owner) stays so, and a new one gets the umask's mode; and on a full filesystem (a
+tmpfs, filled: this needs root, as CI has, or ``unshare --map-root-user --mount``; never skipped) and under
+a file-size limit: exit 5, one line naming a path, nothing changed.
 
 Runs are in-process (Typer's runner), in a scratch working folder that holds a user's project (a config
 and a corpus), so an empty path is that folder.
