@@ -511,6 +511,11 @@ def first_runs(world):
 CASES = writing_cases()
 
 
+def test_every_output_of_every_command_has_a_case():
+    covered = {(case.command, name) for case in CASES for name in case.outputs}
+    assert covered == {(command, name) for command, declared in DECLARED.items() for name in declared.outputs}
+
+
 @pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
 def test_a_replaced_output_keeps_its_mode_and_owner(world, first_runs, case):
     written = first_runs(case)
