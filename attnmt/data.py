@@ -26,7 +26,7 @@ from itertools import zip_longest
 from pathlib import Path
 
 from .config import HfSource, JsonlSource, Source, TextSource, ToySource, TsvSource
-from .errors import DataError
+from .errors import DataError, os_error
 from .toy import toy_pairs, unsegmented
 
 # ------------------------------------------------------------------------------------------ cleaning
@@ -201,7 +201,7 @@ def _open(path: Path | str) -> Iterator[io.BufferedIOBase]:
         except IsADirectoryError:
             raise DataError(f"{path}: is a directory, not a file") from None
         except OSError as e:
-            raise DataError(f"{path}: cannot open: {(e.strerror or type(e).__name__).lower()}") from None
+            raise os_error(path, e, "open", user_input=True) from None
     # stdin may be a stream without a read buffer to peek into (a test harness's BytesIO)
     stream = handle if hasattr(handle, "peek") else io.BufferedReader(handle)
     try:
@@ -211,7 +211,7 @@ def _open(path: Path | str) -> Iterator[io.BufferedIOBase]:
                 stream = io.BufferedReader(_Replay(stream.read(2), stream))
                 head = stream.peek(2)[:2]
         except OSError as e:
-            raise DataError(f"{name}: cannot read: {(e.strerror or type(e).__name__).lower()}") from None
+            raise os_error(name, e, "read", user_input=True) from None
         yield gzip.GzipFile(fileobj=stream, mode="rb") if head == GZIP_MAGIC else stream
     finally:
         if own:

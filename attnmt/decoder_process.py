@@ -145,7 +145,7 @@ def _child(conn, opener: Callable[[], tuple], threads: int | None, nice: int, bu
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if nice:
-        os.nice(nice)  # before torch starts its threads, which take this thread's priority
+        _lower_priority(nice)  # before torch starts its threads, which take this thread's priority
     import torch
 
     if threads is not None:
@@ -172,6 +172,18 @@ def _child(conn, opener: Callable[[], tuple], threads: int | None, nice: int, bu
             conn.send(("failed", f"{type(reply[1]).__name__}: {reply[1]}"))
         except (BrokenPipeError, OSError):
             return
+
+
+def _lower_priority(nice: int) -> None:
+    """``nice``, and on Linux the idle scheduling class: its threads run only on a core nothing else
+    wants, and give it up at once when an ordinary thread wakes (at nice 19 they still took time slices
+    from the interactive decoder's threads, whose every operation waits for all of them)."""
+    os.nice(nice)
+    if hasattr(os, "SCHED_IDLE"):
+        try:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        except OSError:  # not allowed here (a container's seccomp): nice alone
+            pass
 
 
 def _answerer(translator) -> Callable[[str, tuple], object]:

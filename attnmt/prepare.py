@@ -29,6 +29,7 @@ from .runfiles import (
     atomic_write_bytes,
     atomic_write_text,
     check_run_folder,
+    keep_attributes,
     replace_dir,
     write_marker,
 )
@@ -137,6 +138,7 @@ def prepare(cfg: Config, run: RunDir, workers: int | None = None) -> PrepareRepo
                 for name, source in sources.items() if source is not None}
     work = run.data / f".prepare.tmp-{os.getpid()}"
     made_data = not run.data.exists()
+    user_set = run.config.stat() if run.config.is_file() else None  # its mode, kept when it is written again
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     writers: dict[str, SplitWriter] = {}
@@ -163,6 +165,7 @@ def prepare(cfg: Config, run: RunDir, workers: int | None = None) -> PrepareRepo
             run.data.rmdir()
     atomic_write_text(run.stats, json.dumps([s.__dict__ for s in stats], indent=2, ensure_ascii=False))
     write_resolved_config(cfg, run)
+    keep_attributes(run.config, user_set)
     return PrepareReport(run.root, stats, how, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size,
                          tokenizer.joint)
 

@@ -17,6 +17,15 @@ for their answer never have more than N sentences waiting), in their order and s
 
 ``--soak A B``: RSS after A requests and after B (the goal: B's within 10% of A's), with the clients
 cycling through the file.
+
+``--hostile H``: fairness under hostile load. Per level of N legitimate clients (one sentence a request,
+the model's own settings, as the page sends them), ``--seconds`` of them alone, then as long again beside
+H clients that send, as soon as each answer comes, the most expensive requests the server's limits allow
+(read from ``/info``: as many sentences as allowed of as many characters, at the widest beam, as n-best
+lists, and sampled). The goal: the legitimate clients' p99 within 2x of their p99 alone, and none of their
+requests failing.
+
+    python scripts/bench_serve.py runs/demo --src runs/demo/toy/test.en --hostile 4 --clients 1 8 --seconds 30
 """
 
 from __future__ import annotations
@@ -79,6 +88,65 @@ def percentile(values: list[float], q: float) -> float:
     if not ordered:
         return float("nan")
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
+
+
+def costliest(limits: dict, sentences: list[str]) -> list[dict]:
+    """The most expensive requests ``limits`` (``/info``'s) allow, made of the corpus's sentences: every
+    sentence as long as allowed, at the widest beam, as n-best lists, and sampled."""
+    text, k = "", 0
+    while len(text) < limits["max_chars"]:
+        text += sentences[k % len(sentences)] + " "
+        k += 1
+    text = text[:limits["max_chars"]]
+    lines = [text] * limits["max_sentences"]
+    widest = limits["max_beam"]
+    return [{"text": lines, "beam_size": widest}, {"text": lines, "beam_size": widest, "nbest": widest},
+            {"text": lines, "sampling": True, "nbest": widest, "seed": 1}]
+
+
+async def hostile_level(url: str, sentences: list[str], clients: int, hostile: int, seconds: float) -> dict:
+    """``clients`` legitimate clients for ``seconds`` alone, then beside ``hostile`` clients sending
+    ``costliest`` requests in turn; each client sends its next request when its answer comes."""
+    import aiohttp
+
+    async with aiohttp.ClientSession(url, connector=aiohttp.TCPConnector(limit=clients + hostile),
+                                     timeout=aiohttp.ClientTimeout(total=600)) as client:
+        async with client.get("/info") as answer:
+            heavy = costliest((await answer.json())["limits"], sentences)
+
+        async def run(workers: int, bodies: list[dict], until: float, record: dict) -> None:
+            sent = 0
+            while time.perf_counter() < until:
+                body = bodies[sent % len(bodies)]
+                sent += workers
+                t0 = time.perf_counter()
+                try:
+                    async with client.post("/translate", json=body) as answer:
+                        await answer.read()
+                        status = answer.status
+                except aiohttp.ClientError:
+                    status = 0
+                record.setdefault(status, []).append(time.perf_counter() - t0)
+
+        legit = [{"text": line} for line in sentences]
+        quiet: dict = {}
+        await asyncio.gather(*(run(clients, legit[k:] + legit[:k], time.perf_counter() + seconds, quiet)
+                               for k in range(clients)))
+        mixed: dict = {}
+        attacked: dict = {}
+        until = time.perf_counter() + seconds
+        await asyncio.gather(*(run(clients, legit[k:] + legit[:k], until, mixed) for k in range(clients)),
+                             *(run(1, heavy[k:] + heavy[:k], until, attacked) for k in range(hostile)))
+    return {"clients": clients, "hostile": hostile, "quiet": summary(quiet), "mixed": summary(mixed),
+            "hostile_answers": {str(status): len(times) for status, times in sorted(attacked.items())}}
+
+
+def summary(record: dict) -> dict:
+    """Requests, failures and latency percentiles of one phase's legitimate clients."""
+    answered = record.get(200, [])
+    return {"requests": sum(len(times) for times in record.values()),
+            "errors": sum(len(times) for status, times in record.items() if status != 200),
+            **{f"p{q}_ms": round(percentile(answered, q) * 1000, 1) for q in (50, 95, 99)}}
 
 
 async def load(url: str, sentences: list[str], clients: int, total: int, seconds: float, beam: int) -> dict:
@@ -174,6 +242,9 @@ def build_parser() -> ScriptParser:
                         help="At most this long per level.")
     parser.add_argument("--soak", type=Number(int, low=1), nargs=2, metavar=("A", "B"),
                         help="RSS after A and B requests.")
+    parser.add_argument("--hostile", type=Number(int, low=1, high=1024),
+                        help="Fairness: this many clients sending the costliest requests the limits allow, "
+                        "beside the legitimate ones (see above).")
     parser.add_argument("--serve-args", default="", help="More options for attnmt serve.")
     parser.add_argument("--json", type=OutputFile(), help="Write the results here too.")
     parser.checks.append(check_soak)
@@ -196,6 +267,13 @@ def main(argv: list[str] | None = None) -> None:
     src.write_text("".join(s + "\n" for s in sentences), encoding="utf-8")
     out: dict = {"model": model, "sentences": len(sentences), "cpu": os.cpu_count(),
                  "beam_size": args.beam_size}
+    if args.hostile:
+        out["hostile"] = hostile_run(model, args, src)
+        src.unlink(missing_ok=True)
+        hostile_report(out)
+        if args.json:
+            args.json.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
+        return
     try:
         if not args.soak:
             out["translate"] = translate_rate(model, src, len(sentences), args.beam_size)
@@ -232,6 +310,36 @@ def main(argv: list[str] | None = None) -> None:
     report(out)
     if args.json:
         args.json.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
+
+
+def hostile_run(model: str, args, src: Path) -> list[dict]:
+    """``--hostile``: each level of ``--clients``, quiet then beside the hostile clients, on one server."""
+    sentences = src.read_text(encoding="utf-8").splitlines()
+    process, url = start_server(model, args.serve_args.split(), src.with_suffix(".log"))
+    levels = []
+    try:
+        for clients in args.clients:
+            levels.append(asyncio.run(hostile_level(url, sentences, clients, args.hostile, args.seconds)))
+            print(levels[-1], flush=True)
+        stop(process)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        src.with_suffix(".log").unlink(missing_ok=True)
+    return levels
+
+
+def hostile_report(out: dict) -> None:
+    print(f"\n{out['sentences']} sentences, {out['cpu']} CPU(s); legitimate clients alone, then beside "
+          f"{out['hostile'][0]['hostile'] if out['hostile'] else 0} hostile ones")
+    print("| clients | requests alone / mixed | errors alone / mixed | p50 ms alone / mixed | "
+          "p99 ms alone / mixed | p99 mixed / alone | hostile answers |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for level in out["hostile"]:
+        quiet, mixed = level["quiet"], level["mixed"]
+        print(f"| {level['clients']} | {quiet['requests']} / {mixed['requests']} | {quiet['errors']} / "
+              f"{mixed['errors']} | {quiet['p50_ms']} / {mixed['p50_ms']} | {quiet['p99_ms']} / "
+              f"{mixed['p99_ms']} | {mixed['p99_ms'] / quiet['p99_ms']:.2f} | {level['hostile_answers']} |")
 
 
 def stop(process: subprocess.Popen) -> int:

@@ -57,6 +57,26 @@ def load_script(name: str):
     return sys.modules[name]
 
 
+def hostile_place(folder: Path, kind: str, number: int) -> Path:
+    """A new path in ``folder`` (made if need be) of a kind an option should refuse or survive:
+    ``missing``, an empty ``folder``, a ``fifo`` with no writer, an ``unreadable`` file, a ``pickle``
+    (a plain ``pickle.dump``, as a model: torch's loader warns about it)."""
+    import pickle
+
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{kind}-{number}"
+    if kind == "folder":
+        path.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "unreadable":
+        path.write_text("secret\n")
+        path.chmod(0)
+    elif kind == "pickle":
+        path.write_bytes(pickle.dumps({"model": [1.0, 2.0]}))
+    return path
+
+
 def hash_tree(root: Path) -> dict[str, str]:
     """Relative path -> sha256 of every file under ``root`` (to prove a failed command changed nothing)."""
     return {

@@ -29,7 +29,6 @@ import functools
 import gc
 import itertools
 import os
-import pickle
 import re
 import resource
 import shutil
@@ -46,7 +45,7 @@ from pathlib import Path
 import pytest
 import torch
 import typer.main
-from helpers import assert_one_error_line, hash_tree
+from helpers import assert_one_error_line, hash_tree, hostile_place
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -98,18 +97,7 @@ class World:
     def fresh(self, kind: str) -> Path:
         """A new path in the scratch folder: missing, an empty folder, a pipe, an unreadable file, a
         pickle."""
-        path = self.root / "scratch" / f"{kind}-{next(self.counter)}"
-        if kind == "folder":
-            path.mkdir(parents=True)
-        elif kind == "fifo":
-            os.mkfifo(path)
-        elif kind == "unreadable":
-            path.write_text("secret\n")
-            path.chmod(0)
-        elif kind == "pickle":  # a plain pickle.dump, as a model (torch's loader warns about it)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(pickle.dumps({"model": [1.0, 2.0]}))
-        return path
+        return hostile_place(self.root / "scratch", kind, next(self.counter))
 
     def resolve(self, value: str) -> str:
         """A world value (<run>, <folder>, <new>.png, ...) as a path; anything else as it is."""
@@ -387,7 +375,7 @@ SEPARATE = {"plot": [("out",), ("html", {"out": [], "layer": [], "head": [], "se
             "align": [("output",), ("hyp_out", {"tgt": []})]}
 # Files that a second run does not give what the user set, and why: each must still be so (else it leaves
 # this list), and nothing else may be.
-NOT_KEPT_YET = {"prepare": {"run_dir/config.yaml": "prepare.py unlinks it before it writes it again"}}
+NOT_KEPT_YET: dict[str, dict[str, str]] = {}
 
 
 @dataclass(frozen=True)

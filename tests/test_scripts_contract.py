@@ -35,7 +35,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from helpers import OFFLINE_ENV, REPO, TINY_MODELS, TINY_TRAIN, assert_one_error_line, load_script
+from helpers import (
+    OFFLINE_ENV,
+    REPO,
+    TINY_MODELS,
+    TINY_TRAIN,
+    assert_one_error_line,
+    hostile_place,
+    load_script,
+)
 
 from attnmt.errors import CheckpointError, ConfigError, DataError, ResourceError
 from attnmt.runfiles import RunDir, write_marker
@@ -71,15 +79,7 @@ class World:
 
     def fresh(self, kind: str) -> Path:
         """A new path in the scratch folder: missing, an empty folder, a pipe or an unreadable file."""
-        path = self.root / "scratch" / f"{kind}-{next(self.counter)}"
-        if kind == "folder":
-            path.mkdir(parents=True)
-        elif kind == "fifo":
-            os.mkfifo(path)
-        elif kind == "unreadable":
-            path.write_text("secret\n")
-            path.chmod(0)
-        return path
+        return hostile_place(self.root / "scratch", kind, next(self.counter))
 
     def snapshot(self) -> dict[str, tuple[int, int, int]]:
         """Every path under the root: its mode, size and modification time (a pipe is never opened)."""
