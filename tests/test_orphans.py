@@ -28,7 +28,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from helpers import OFFLINE_ENV, REPO, TINY_MODELS, TINY_TRAIN, train_args, train_cli
+from helpers import OFFLINE_ENV, REPO, train_args, train_cli
+from test_study import tiny_study_config
 
 DEADLINE_S = 5.0  # the issue's rule: no child alive this long after its parent was signalled
 START_S = 120.0  # how long a parent may take to start its children (2 slow cores, imports of torch)
@@ -194,19 +195,8 @@ def _ask(url: str, lines: list[str]) -> None:
 
 
 def study_config(path: Path) -> Path:
-    train = {**TINY_TRAIN, "max_steps": 100_000, "eval_every": 100_000, "save_every": 100_000}
-    config = {
-        "data": {"src_lang": "en", "tgt_lang": "de",
-                 "train": {"format": "toy", "split": "train", "size": 200},
-                 "dev": {"format": "toy", "split": "dev", "size": 12},
-                 "test": {"format": "toy", "split": "test", "size": 12}},
-        "tokenizer": {"vocab_size": 64},
-        "model": TINY_MODELS["transformer"],
-        "train": train,
-        "decode": {"max_len_b": 5},
-    }  # fmt: skip
-    path.write_text(json.dumps(config, indent=1), encoding="utf-8")
-    return path
+    """test_study's tiny config, training until it is stopped."""
+    return tiny_study_config(path, max_steps=100_000, eval_every=100_000, save_every=100_000)
 
 
 def test_a_studys_training_child_saves_and_stops_when_the_study_is_killed(tmp_path):

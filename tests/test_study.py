@@ -22,7 +22,8 @@ from attnmt.growth import claimed_within, fit_lengths, growth_exponent, run_chil
 from attnmt.study import VARIANTS, model_section, parse_variants
 
 
-def tiny_study_config(path: Path) -> Path:
+def tiny_study_config(path: Path, **train: int) -> Path:
+    """A study config of the toy task and the tiny model; ``train``: settings over its 8 steps."""
     config = {
         "data": {"src_lang": "en", "tgt_lang": "de",
                  "train": {"format": "toy", "split": "train", "size": 200},
@@ -30,7 +31,7 @@ def tiny_study_config(path: Path) -> Path:
                  "test": {"format": "toy", "split": "test", "size": 12}},
         "tokenizer": {"vocab_size": 64},
         "model": TINY_MODELS["transformer"],
-        "train": {**TINY_TRAIN, "max_steps": 8, "eval_every": 4, "save_every": 4, "log_every": 2},
+        "train": {**TINY_TRAIN, "max_steps": 8, "eval_every": 4, "save_every": 4, "log_every": 2, **train},
         "decode": {"max_len_b": 5},
     }  # fmt: skip
     path.write_text(json.dumps(config, indent=1), encoding="utf-8")
