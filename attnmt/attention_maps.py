@@ -33,12 +33,13 @@ from .alignment import (
     symmetrize,
     words_from_piece_links,
 )
+from .arrival import chunks
 from .attribution import Attribution, attribute_pairs, from_attention
 from .batching import collate, token_batches
 from .data import clean
 from .errors import DataError
 from .explorer import ExplorerSentence, write_explorer
-from .translator import Translator, chunks
+from .translator import Translator
 from .words import Pieces, has_cjk, membership_of, merge, segment, word_count, words_to_pieces
 
 if TYPE_CHECKING:

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import copy
 import math
-import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from queue import Empty, Full, Queue
 
 import torch
 
+from .arrival import arrived
 from .batching import collate, token_batches
 from .config import DecodeConfig
 from .constrained import Constraints, constrained_search
@@ -375,69 +374,3 @@ class Translator:
         finally:
             self.model.train(was_training)
         return out
-
-
-_END = object()
-
-
-def arrived(lines: Iterable, size: int) -> Iterator[list]:
-    """Consecutive lists of the items of ``lines`` that have arrived: a reader thread takes them from
-    ``lines`` (say, stdin) into a bounded queue; each list waits for one item, then takes whatever else has
-    arrived, up to ``size``, without waiting. Order is kept; an exception in ``lines`` (a decoding error)
-    is raised here, after the items before it."""
-    queue: Queue = Queue(maxsize=2 * size)
-    stop = threading.Event()
-
-    def read() -> None:
-        try:
-            for line in lines:
-                while not stop.is_set():
-                    try:
-                        queue.put(line, timeout=0.1)
-                        break
-                    except Full:
-                        continue
-                if stop.is_set():
-                    return
-            queue.put(_END)
-        except BaseException as e:  # handed to the consumer, which raises it
-            queue.put(e)
-
-    reader = threading.Thread(target=read, name="attnmt-input", daemon=True)
-    reader.start()
-    try:
-        done = False
-        while not done:
-            chunk: list = []
-            item = queue.get()
-            while True:
-                if item is _END:
-                    done = True
-                    break
-                if isinstance(item, BaseException):
-                    if chunk:
-                        yield chunk
-                    raise item
-                chunk.append(item)
-                if len(chunk) == size:
-                    break
-                try:
-                    item = queue.get_nowait()
-                except Empty:
-                    break
-            if chunk:
-                yield chunk
-    finally:
-        stop.set()
-
-
-def chunks(lines: Iterable, size: int) -> Iterator[list]:
-    """Consecutive lists of ``size`` items (the last may be shorter)."""
-    chunk: list = []
-    for line in lines:
-        chunk.append(line)
-        if len(chunk) == size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk

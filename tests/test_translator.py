@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import attnmt.translator
+from attnmt.arrival import chunks
 from attnmt.batching import collate
 from attnmt.config import DecodeConfig, LSTMConfig, TransformerConfig
 from attnmt.data import clean
@@ -17,7 +18,7 @@ from attnmt.decode import Sampling, gnmt_penalty
 from attnmt.errors import ConfigError
 from attnmt.models import build_model
 from attnmt.tokenizer import EOS_ID, PAD_ID, load_tokenizer
-from attnmt.translator import DecodeOverrides, Sources, Translation, Translator, chunks
+from attnmt.translator import DecodeOverrides, Sources, Translation, Translator
 
 CONFIGS = {
     "transformer": TransformerConfig(arch="transformer", d_model=16, n_heads=2, enc_layers=1, dec_layers=1,
@@ -375,7 +376,7 @@ def test_translator_refuses_settings_no_search_can_run_with(tokenizer):
 def test_arrived_takes_what_has_come_and_keeps_order():
     import threading
 
-    from attnmt.translator import arrived
+    from attnmt.arrival import arrived
 
     # A file: everything is there, so the chunks are full (after the first, which may be taken early).
     chunks = list(arrived(iter(range(2500)), 1000))

@@ -257,11 +257,11 @@ def eval_(
     device: DeviceOpt = "auto",
 ) -> None:
     """Score translations with sacrebleu: translate --src with MODEL, or score --hyp; against --ref."""
+    from ..arrival import chunks
     from ..data import read_lines
     from ..errors import ConfigError
     from ..metrics import bleu_tokenize, read_references, score_corpus
     from ..runfiles import atomic_write_text
-    from ..translator import chunks
 
     if not ref:
         raise ConfigError("--ref is required")
