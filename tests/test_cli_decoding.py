@@ -223,10 +223,13 @@ def test_a_pipe_gets_each_answer_before_it_sends_the_next_line(ckpt):
 def test_ctrl_c_while_a_pipe_stays_open_exits_130(ckpt):
     """SIGINT after two answers, stdin still open (its reader thread blocked in a read): exit 130 with
     nothing on stderr. The reader held ``sys.stdin``'s lock, and the interpreter's shutdown aborted on it
-    (SIGABRT, "could not acquire lock for <stdin> at interpreter shutdown") every time."""
+    (SIGABRT, "could not acquire lock for <stdin> at interpreter shutdown") every time. SIGINT's default
+    is restored for the child: a suite started in the background (``make test &``) ignores SIGINT, and so
+    would every process it starts (the shell's rule for background jobs)."""
     process = subprocess.Popen([sys.executable, "-m", "attnmt", "translate", str(ckpt), "--beam-size", "1"],
                                cwd=REPO, env={**os.environ, **OFFLINE_ENV}, stdin=subprocess.PIPE,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     said: list[str] = []  # stderr read as it comes: a full pipe would stop the process, not the signal
     reader = threading.Thread(target=lambda: said.extend(process.stderr), daemon=True)
     reader.start()
