@@ -102,10 +102,11 @@ def test_the_check_has_teeth(tmp_path):
 # ----------------------------------------------------------------------------------------- room sizes
 
 MAX_MODULE_LINES, MAX_FUNCTION_LINES = 450, 70
-# The rooms that were over the limits when the rule came in, with their size then: each may shrink (and
-# leave this list once it fits), never grow. A new room over a limit fails the test.
+# The rooms that were over the limits when the rule came in, with their size then: each could only shrink,
+# and left the list once it fitted (the last two, `plot` and `align`, in issue 41). A room over a limit
+# fails the test.
 TOO_LONG_MODULES: dict[str, int] = {}
-TOO_LONG_FUNCTIONS = {"attnmt/cli/looking.py:plot": 81, "attnmt/cli/looking.py:align": 100}
+TOO_LONG_FUNCTIONS: dict[str, int] = {}
 
 
 def sizes() -> tuple[dict[str, int], dict[str, int]]:

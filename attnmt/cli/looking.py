@@ -14,6 +14,7 @@ import typer
 from ..align_request import AlignRequest, check_request
 from ..align_request import reading as model_reading
 from ..errors import ConfigError, DataError
+from . import looking_options as lo
 from .app import command
 from .common import (
     FileProgress,
@@ -24,8 +25,6 @@ from .common import (
 )
 from .contract import Output
 from .options import (
-    AlignMethod,
-    AttributionMethod,
     BeamOpt,
     DeviceOpt,
     DpiOpt,
@@ -36,9 +35,6 @@ from .options import (
     ModelArg,
     StepsOpt,
     Symmetrization,
-    WordRule,
-    parse_heads,
-    parse_layer,
 )
 
 
@@ -52,38 +48,11 @@ def _check_number(option: str, value: int | None, count: int, what: str) -> int 
 
 
 @command(inputs=("model", "input_", "tgt", "gold"), outputs={"out": Output(folder=True), "html": Output()})
-def plot(
-    model: ModelArg,
-    sentences: Annotated[list[str] | None, typer.Argument(help="Sentences to translate and draw "
-                                                          "(else --input).", show_default=False)] = None,
-    input_: InputOpt = None,
-    limit: Annotated[int | None, typer.Option("--limit", min=1,
-                                              help="Draw only the first N sentences.")] = None,
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="Folder to write the figures into.",
-                                             show_default=False)] = None,
-    html: Annotated[Path | None, typer.Option("--html", help="Write one self-contained HTML explorer of "
-                                              "every sentence, layer and head here instead (opens offline "
-                                              "in any browser).", show_default=False)] = None,
-    tgt: Annotated[Path | None, typer.Option("--tgt", help="With --html: target sentences to read "
-                                             "(default: the model's own translations).")] = None,
-    gold: Annotated[Path | None, typer.Option("--gold", help="With --html and --tgt: gold alignments "
-                                              "(Pharaoh) to colour the drawn alignment by, with each "
-                                              "sentence's AER.")] = None,
-    one_based: Annotated[bool, typer.Option("--one-based", help="Word indices in --gold count from 1.")
-                         ] = False,
-    layer: Annotated[int | None, typer.Option("--layer", min=1, help="Only this layer "
-                                              "(1-based; default: every layer).")] = None,
-    head: Annotated[int | None, typer.Option("--head", min=1, help="Only this head "
-                                             "(1-based; default: every head and their average).")] = None,
-    self_: Annotated[bool, typer.Option("--self", help="Also draw encoder and decoder self-attention "
-                                        "(Transformer).")] = False,
-    words: Annotated[bool, typer.Option("--words", help="Label words instead of pieces "
-                                        "(source pieces summed, target pieces averaged).")] = False,
-    fmt: FormatOpt = "png",
-    dpi: DpiOpt = 100,
-    beam_size: BeamOpt = None,
-    device: DeviceOpt = "auto",
-) -> None:
+def plot(model: ModelArg, sentences: lo.Sentences = None, input_: InputOpt = None, limit: lo.Limit = None,
+         out: lo.FiguresOut = None, html: lo.Html = None, tgt: lo.PlotTgt = None, gold: lo.PlotGold = None,
+         one_based: lo.PlotOneBased = False, layer: lo.PlotLayer = None, head: lo.PlotHead = None,
+         self_: lo.SelfAttention = False, words: lo.PlotWords = False, fmt: FormatOpt = "png",
+         dpi: DpiOpt = 100, beam_size: BeamOpt = None, device: DeviceOpt = "auto") -> None:
     """Translate sentences, then draw the model's attention on each sentence and its translation.
 
     The translation is read back under teacher forcing, so every layer and head is there: an LSTM's one
@@ -99,17 +68,7 @@ def plot(
     from ..models import attention_layout
     from ..plot import KIND_TITLES
 
-    if (out is None) == (html is None):
-        raise ConfigError("give --out FOLDER (figures) or --html FILE (one explorer page)")
-    if html is None and (tgt is not None or gold is not None):
-        raise ConfigError(f"{'--tgt' if tgt is not None else '--gold'} is read with --html only")
-    if html is not None:
-        chosen = [flag for flag, value in (("--layer", layer), ("--head", head), ("--words", words)) if value]
-        if chosen:
-            raise ConfigError(f"{chosen[0]}: the --html page holds every layer and head, pieces and words, "
-                              "and chooses among them itself")
-    if gold is not None and tgt is None:
-        raise ConfigError("--gold needs --tgt: gold links refer to the target sentences they were made for")
+    _check_plot_options(out, html, tgt, gold, layer, head, words)
     lines = sentences_or_input(sentences, input_)
     translator, cfg, checkpoint = open_for_attention(model, device, beam_size)
     n_layers, n_heads = attention_layout(cfg.model)
@@ -132,6 +91,22 @@ def plot(
     if drawn.truncated:
         sys.stderr.write(f"warning: {drawn.truncated} line(s) "
                          "longer than decode.max_src_len pieces were truncated\n")
+
+
+def _check_plot_options(out: Path | None, html: Path | None, tgt: Path | None, gold: Path | None,
+                        layer: int | None, head: int | None, words: bool) -> None:
+    """The options of ``plot`` that do not go together, refused before a model loads."""
+    if (out is None) == (html is None):
+        raise ConfigError("give --out FOLDER (figures) or --html FILE (one explorer page)")
+    if html is None and (tgt is not None or gold is not None):
+        raise ConfigError(f"{'--tgt' if tgt is not None else '--gold'} is read with --html only")
+    if html is not None:
+        chosen = [flag for flag, value in (("--layer", layer), ("--head", head), ("--words", words)) if value]
+        if chosen:
+            raise ConfigError(f"{chosen[0]}: the --html page holds every layer and head, pieces and words, "
+                              "and chooses among them itself")
+    if gold is not None and tgt is None:
+        raise ConfigError("--gold needs --tgt: gold links refer to the target sentences they were made for")
 
 
 def _explore(translator, cfg, checkpoint: Path, lines, limit, html: Path, tgt: Path | None, gold: Path | None,
@@ -200,59 +175,13 @@ def _calibrate(translator, cfg, checkpoint: Path, sources, targets, gold_path: P
 
 @command(inputs=("model", "src", "tgt", "gold", "reverse", "calibrate_"),
          outputs={"output": Output(), "hyp_out": Output()})
-def align(
-    model: ModelArg,
-    src: Annotated[Path, typer.Option("--src", help="Source sentences, one per line (words split on spaces).",
-                                      show_default=False)],
-    tgt: Annotated[Path | None, typer.Option("--tgt", help="Target sentences to align with "
-                                             "(default: the model's own translations).")] = None,
-    gold: Annotated[Path | None, typer.Option("--gold", help="Gold alignments (Pharaoh: i-j sure, "
-                                              "i?j or ipj possible) to score against.")] = None,
-    layer: Annotated[Layer | None, typer.Option("--layer", parser=parse_layer, metavar="LAYER",
-                                                help="Cross-attention layer to align with: 1, 2, ..., last, "
-                                                "or avg (every layer; the default, unless the model was "
-                                                "trained with train.alignment: then its layer).",
-                                                show_default=False)] = None,
-    heads: Annotated[Heads | None, typer.Option("--heads", parser=parse_heads, metavar="HEADS",
-                                                help="Heads to average: 1,3 (1-based) or all (the default, "
-                                                "unless the model was trained with train.alignment: then "
-                                                "its heads).", show_default=False)] = None,
-    shift: Annotated[bool, typer.Option("--shift", help="Shift-Att: read each target word's row where "
-                                        "it is the decoder's input, one step after the one predicting "
-                                        "it.")] = False,
-    method: Annotated[AlignMethod, typer.Option("--method",
-                                                help="mutual: the argmax in both directions; argmax: each "
-                                                "target word's most attended source word; threshold: every "
-                                                "weight >= --threshold.")] = "mutual",
-    reverse: Annotated[Path | None, typer.Option("--reverse", help="A model trained in the other direction "
-                                                 "(target to source): align both ways and symmetrize.",
-                                                 show_default=False)] = None,
-    symmetrize_: Annotated[Symmetrization | None, typer.Option(
-        "--symmetrize", help="With --reverse: how the two directions combine (Moses's heuristics; default "
-        "grow-diag-final-and).", show_default=False)] = None,
-    word_rule: Annotated[WordRule, typer.Option("--words", help="merged: attention merged into words, then "
-                                                "linked; any: pieces linked, two words linked if any of "
-                                                "their pieces are.")] = "merged",
-    threshold: Annotated[float, typer.Option("--threshold", help="Weight a link needs with --method "
-                                             "threshold (0 < X <= 1).")] = 0.3,
-    one_based: Annotated[bool, typer.Option("--one-based", help="Word indices in --gold and in the output "
-                                            "count from 1.")] = False,
-    output: Annotated[Path | None, typer.Option("--output", "-o",
-                                                help="Write the alignments here (atomically).")] = None,
-    hyp_out: Annotated[Path | None, typer.Option("--hyp-out", help="Without --tgt: "
-                                                 "also write the translations that were aligned.")] = None,
-    json_: Annotated[bool, typer.Option("--json", help="With --gold: print the scores as JSON.")] = False,
-    calibrate_: Annotated[Path | None, typer.Option("--calibrate", help="Gold alignments of --src and --tgt "
-                                                    "(a small dev set): score every layer and head reading, "
-                                                    "keep the best in the run folder as the default.",
-                                                    show_default=False)] = None,
-    from_: Annotated[AttributionMethod, typer.Option("--from", help="What links are read from: the "
-                                                     "cross-attention, or a gradient attribution's source "
-                                                     "shares (see attribute).")] = "attention",
-    steps: StepsOpt = 64,
-    beam_size: BeamOpt = None,
-    device: DeviceOpt = "auto",
-) -> None:
+def align(model: ModelArg, src: lo.Src, tgt: lo.AlignTgt = None, gold: lo.AlignGold = None,
+          layer: lo.AlignLayer = None, heads: lo.AlignHeads = None, shift: lo.Shift = False,
+          method: lo.Method = "mutual", reverse: lo.Reverse = None, symmetrize_: lo.Symmetrize = None,
+          word_rule: lo.Words = "merged", threshold: lo.Threshold = 0.3, one_based: lo.AlignOneBased = False,
+          output: lo.AlignOutput = None, hyp_out: lo.HypOut = None, json_: lo.ScoresJson = False,
+          calibrate_: lo.Calibrate = None, from_: lo.From = "attention", steps: StepsOpt = 64,
+          beam_size: BeamOpt = None, device: DeviceOpt = "auto") -> None:
     """Word alignments from cross-attention under teacher forcing, in Pharaoh format (one line per pair).
 
     Words are the space-separated tokens of each line; the attention over a word's pieces is merged
@@ -264,40 +193,51 @@ def align(
     """
     from ..alignment import alignment_scores, format_pharaoh, read_gold
     from ..attention_maps import align_corpus
-    from ..runfiles import atomic_write_text
+
     check_request(AlignRequest(tgt, gold, hyp_out, output, layer, heads, shift, threshold, reverse,
                                symmetrize_.value if symmetrize_ is not None else None, from_.value,
                                calibrate_))
-    symmetrization = (symmetrize_ or Symmetrization.grow_diag_final_and).value
     sources, targets = read_pairs(src, tgt)
     gold_links = read_gold(gold, len(sources), src, one_based) if gold is not None else None
     translator, cfg, checkpoint = open_for_attention(model, device, beam_size)
-    reading = {"shift": shift, "method": method.value, "threshold": threshold, "symmetrize": symmetrization,
+    reading = {"shift": shift, "method": method.value, "threshold": threshold,
+               "symmetrize": (symmetrize_ or Symmetrization.grow_diag_final_and).value,
                "words": word_rule.value, "source": from_.value, "steps": steps}
     if calibrate_ is not None:
         return _calibrate(translator, cfg, checkpoint, sources, targets, calibrate_, src, one_based, reading)
-    given_layer, given_heads = layer, heads
-    layer, heads, options = model_reading(cfg, given_layer, given_heads, "", checkpoint, **reading)
-    back, back_options = None, None
-    if reverse is not None:  # each model read with its own defaults (a guided model at its taught head)
-        back, back_cfg, back_ckpt = _reverse_model(model, cfg, reverse, device, beam_size)
-        back_options = model_reading(back_cfg, given_layer, given_heads, "--reverse ", back_ckpt,
-                                     **reading)[2]
+    given = (layer, heads)  # each model read with its own defaults where these are None
+    layer, heads, options = model_reading(cfg, *given, "", checkpoint, **reading)
+    back, back_options = _reverse_reading(model, cfg, reverse, device, beam_size, reading, *given)
     if targets is None:  # the model's own translations, kept (--hyp-out) before the alignment's work
-        targets = translator.best(sources)
-        if hyp_out is not None:
-            atomic_write_text(hyp_out, "".join(t + "\n" for t in targets))
-    total = len(sources) * (2 if back is not None else 1)
-    with FileProgress(total, "aligning") as progress:
+        targets = _own_translations(translator, sources, hyp_out)
+    with FileProgress(len(sources) * (2 if back is not None else 1), "aligning") as progress:
         aligned = align_corpus(translator, sources, targets, options, gold_links, back, back_options,
                                progress.advance)
-    text = "".join(format_pharaoh(links, one_based) + "\n" for links in aligned.links)
     if output is not None or gold is None:
-        write_output(output, text)
-    if gold_links is None:
-        return
-    score = alignment_scores(aligned.links, gold_links.sure, gold_links.possible)
-    _print_score(score, json_, src, layer, heads, reading, reverse)
+        write_output(output, "".join(format_pharaoh(links, one_based) + "\n" for links in aligned.links))
+    if gold_links is not None:
+        score = alignment_scores(aligned.links, gold_links.sure, gold_links.possible)
+        _print_score(score, json_, src, layer, heads, reading, reverse)
+
+
+def _reverse_reading(model: Path, cfg, reverse: Path | None, device, beam_size, reading: dict,
+                     layer: Layer | None, heads: Heads | None):
+    """``align --reverse``: the reverse model and how it is read (``layer`` and ``heads`` as given, its own
+    defaults where they are None: a guided model at its taught head); (None, None) without it."""
+    if reverse is None:
+        return None, None
+    back, back_cfg, back_checkpoint = _reverse_model(model, cfg, reverse, device, beam_size)
+    return back, model_reading(back_cfg, layer, heads, "--reverse ", back_checkpoint, **reading)[2]
+
+
+def _own_translations(translator, sources: list[str], hyp_out: Path | None) -> list[str]:
+    """The model's own translations of ``sources``, written to ``hyp_out`` first if given."""
+    from ..runfiles import atomic_write_text
+
+    targets = translator.best(sources)
+    if hyp_out is not None:
+        atomic_write_text(hyp_out, "".join(t + "\n" for t in targets))
+    return targets
 
 
 def _print_score(score, json_: bool, src: Path, layer: Layer, heads: Heads, reading: dict,
