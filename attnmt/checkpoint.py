@@ -26,7 +26,7 @@ import logging
 import os
 import re
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,7 +37,6 @@ from torch.torch_version import TorchVersion
 
 from . import __version__
 from .errors import CheckpointError, ConfigError, DataError, DivergedError, ResourceError, os_error
-from .faults import NO_FAULTS, Faults
 from .runfiles import EXPORT_MANIFEST, RunDir, atomic_write_bytes, atomic_write_text, replace_file
 
 log = logging.getLogger(__name__)
@@ -71,9 +70,9 @@ def tensor_bytes(tensor: torch.Tensor) -> bytes:
 
 
 def save_checkpoint(run: RunDir, payload: dict[str, Any], step: int,
-                    faults: Faults = NO_FAULTS) -> dict[str, Any]:
+                    after_tmp_write: Callable[[], None] | None = None) -> dict[str, Any]:
     """Write ``payload`` as ``checkpoints/step_<step>.pt`` and point ``latest.json`` at it; returns the
-    pointer."""
+    pointer. ``after_tmp_write``: called between the write and the rename (a test's fault)."""
     for name, tensor in payload["model"].items():
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
             raise DivergedError(f"refusing to save non-finite weights ({name}) at step {step}; "
@@ -87,7 +86,8 @@ def save_checkpoint(run: RunDir, payload: dict[str, Any], step: int,
             torch.save(payload, handle)
             handle.flush()
             os.fsync(handle.fileno())
-        faults.after_tmp_write()
+        if after_tmp_write is not None:
+            after_tmp_write()
         replace_file(tmp, final)  # a step saved again keeps the mode the user gave it
         pointer = {"step": step, "file": final.name, "sha256": sha256_file(final), "format": FORMAT}
         atomic_write_text(folder / "latest.json", json.dumps(pointer, indent=2))

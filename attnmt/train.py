@@ -394,7 +394,7 @@ class Trainer:
         if self.dist.main:
             payload = training_payload(self.cfg, self.tokenizer, self.fingerprint, self.model, self.optimizer,
                                        self.schedule, self.scaler, asdict(self.progress))
-            pointer = save_checkpoint(self.run, payload, self.progress.step, self.faults)
+            pointer = save_checkpoint(self.run, payload, self.progress.step, self.faults.after_tmp_write)
             if any(entry["step"] == self.progress.step for entry in self.progress.best):
                 # This step's file was written again (the save at the end of a run, after the validation
                 # that ranked it): best.json takes its new sha256.
