@@ -19,9 +19,21 @@ import torch
 
 from .encoded import EncodedSplit, open_split
 from .errors import DataError
-from .masks import padding_mask
 from .runfiles import RunDir
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID, folder_sha256, load_tokenizer
+
+
+def padding_mask(lengths: torch.Tensor, max_len: int | None = None) -> torch.Tensor:
+    """Key-padding mask from sequence lengths.
+
+    lengths: (B,) integer lengths. max_len: width S, default `lengths.max()`.
+    Returns (B, S) bool, True where position < length (a real token).
+    """
+    if max_len is None:
+        max_len = int(lengths.max()) if lengths.numel() > 0 else 0
+    positions = torch.arange(max_len, device=lengths.device)  # (S,)
+    return positions[None, :] < lengths[:, None]  # (B, S)
+
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Attention masks and the softmax that respects them.
 
 One convention everywhere: boolean masks, True = may attend. The batch builds
-`src_mask` (B, S) once; the decoder adds the causal part; cross-attention reuses
+`src_mask` (B, S) once (`batching.padding_mask`); the decoder adds the causal part; cross-attention reuses
 `src_mask`. A query row with nothing to attend to gets exact zeros, never NaN.
 
 Letters: B batch, H heads, T query length, S key length.
@@ -10,18 +10,6 @@ Letters: B batch, H heads, T query length, S key length.
 from __future__ import annotations
 
 import torch
-
-
-def padding_mask(lengths: torch.Tensor, max_len: int | None = None) -> torch.Tensor:
-    """Key-padding mask from sequence lengths.
-
-    lengths: (B,) integer lengths. max_len: width S, default `lengths.max()`.
-    Returns (B, S) bool, True where position < length (a real token).
-    """
-    if max_len is None:
-        max_len = int(lengths.max()) if lengths.numel() > 0 else 0
-    positions = torch.arange(max_len, device=lengths.device)  # (S,)
-    return positions[None, :] < lengths[:, None]  # (B, S)
 
 
 def causal_mask(T: int, device: torch.device | str | None = None, S: int | None = None) -> torch.Tensor:

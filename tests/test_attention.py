@@ -8,8 +8,9 @@ import torch
 from torch import nn
 
 from attnmt.attention import SCORES, Attention, BlockDiagonalLinear, MultiHeadAttention
+from attnmt.batching import padding_mask
 from attnmt.kernels import KERNELS, sparse_attention, sparse_pattern
-from attnmt.masks import causal_mask, cross_mask, padding_mask
+from attnmt.masks import causal_mask, cross_mask
 
 f64 = torch.float64
 

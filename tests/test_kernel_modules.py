@@ -10,7 +10,7 @@ import torch
 from helpers import assert_one_error_line, run_attnmt, write_tiny_config
 
 from attnmt import ctranslate
-from attnmt.batching import collate
+from attnmt.batching import collate, padding_mask
 from attnmt.config import TransformerConfig, config_from_dict, load_config
 from attnmt.errors import ConfigError
 from attnmt.kernel_modules import (
@@ -25,7 +25,7 @@ from attnmt.kernel_modules import (
 )
 from attnmt.kernels import math_attention
 from attnmt.loss import label_smoothed_nll
-from attnmt.masks import causal_mask, cross_mask, padding_mask
+from attnmt.masks import causal_mask, cross_mask
 from attnmt.models import build_model
 from attnmt.tokenizer import PAD_ID
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from attnmt.batching import padding_mask
 from attnmt.kernels import (
     KERNELS,
     linear_attention,
@@ -15,7 +16,7 @@ from attnmt.kernels import (
     sparse_attention,
     sparse_pattern,
 )
-from attnmt.masks import causal_mask, combine_masks, cross_mask, padding_mask
+from attnmt.masks import causal_mask, combine_masks, cross_mask
 
 f64 = torch.float64
 

@@ -1,13 +1,13 @@
 import pytest
 import torch
 
+from attnmt.batching import padding_mask
 from attnmt.masks import (
     causal_mask,
     combine_masks,
     cross_mask,
     masked_softmax,
     normalise_mask,
-    padding_mask,
 )
 
 
