@@ -13,7 +13,7 @@
 #   1. the GPU, driver, torch and CUDA versions;
 #   2. which SDPA kernels run for the shapes and masks attnmt gives (no mask, causal, padding mask), each
 #      backend tried alone, and the kernels the default dispatch picked (from the profiler);
-#   3. scripts/bench_train.py on CUDA: bf16 eager and bf16 + torch.compile, tokens/s and peak GPU memory;
+#   3. scripts/bench/bench_train.py on CUDA: bf16 eager and bf16 + torch.compile, tokens/s and peak GPU memory;
 #   4. a bf16 + compile training run of the Multi30k Transformer for GPU_STEPS steps, its loss at every
 #      logged step beside the CPU run's loss at the same step (same recipe, same batches: the curves should
 #      agree in shape, within bf16 and kernel noise);
@@ -94,7 +94,7 @@ for name, (mask, causal) in cases.items():
 EOF
 
 section "3. bench_train.py on CUDA (bf16; compile off and on)"
-python3 scripts/bench_train.py --device cuda --archs transformer lstm --precision bf16 --compile off on \
+python3 scripts/bench/bench_train.py --device cuda --archs transformer lstm --precision bf16 --compile off on \
     --steps 300 --data "$DATA" 2>&1 | grep -v '^\[' | tee -a "$REPORT"
 
 section "4. bf16 + compile training run, $GPU_STEPS steps, against the CPU run's curve"

@@ -45,13 +45,26 @@ OFFLINE_ENV = {
 os.environ.update(OFFLINE_ENV)
 
 
+# The tools users run (and scriptargs, which every script imports) in scripts/, the benchmarks (and their
+# benchlib) in scripts/bench/.
+SCRIPT_FOLDERS = (REPO / "scripts", REPO / "scripts" / "bench")
+
+
+def script_path(name: str) -> Path:
+    """The file of script (or script library) ``name``: ``scripts/NAME.py`` or ``scripts/bench/NAME.py``."""
+    found = [folder / f"{name}.py" for folder in SCRIPT_FOLDERS if (folder / f"{name}.py").is_file()]
+    assert len(found) == 1, f"{name}: {found or 'no such script'} in {[str(f) for f in SCRIPT_FOLDERS]}"
+    return found[0]
+
+
 def load_script(name: str):
-    """``scripts/NAME.py`` as a module, registered in ``sys.modules`` first (its dataclasses look
-    themselves up there) and loaded once."""
-    if str(REPO / "scripts") not in sys.path:  # a script imports its neighbours (scriptargs, benchlib)
-        sys.path.insert(0, str(REPO / "scripts"))
+    """``scripts/NAME.py`` or ``scripts/bench/NAME.py`` as a module, registered in ``sys.modules`` first
+    (its dataclasses look themselves up there) and loaded once."""
+    for folder in SCRIPT_FOLDERS:  # a script imports its neighbours (scriptargs, benchlib, the tools)
+        if str(folder) not in sys.path:
+            sys.path.insert(0, str(folder))
     if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+        spec = importlib.util.spec_from_file_location(name, script_path(name))
         sys.modules[name] = module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
     return sys.modules[name]

@@ -101,7 +101,7 @@ def test_integrated_gradients_are_complete_within_one_percent_at_64_steps(arch, 
     """Sum of the attributions = F(e) - F(baseline) (Sundararajan et al. 2017): the rows' errors
     (``delta``) together within 1% of the output differences, which are checked against the model's own
     forward passes on the embeddings and on all-zero embeddings. (Row by row the error can be larger
-    where the path crosses many ReLU kinks; scripts/bench_toy_align.py --attribution reports it.)"""
+    where the path crosses many ReLU kinks; scripts/bench/bench_toy_align.py --attribution reports it.)"""
     model = tiny_model(arch, seed, torch.float32, scale=1.0)
     found = attribute_pair(model, SRC, TGT, "integrated_gradients", steps=64)
     np.testing.assert_allclose(found.gap, log_probs(model).double().numpy() - zero_embedding_log_probs(model),

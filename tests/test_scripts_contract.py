@@ -2,20 +2,19 @@
 expected failure is one ``error:`` line on stderr and a contract exit code, never a traceback, and every
 input is checked before the first expensive step.
 
-A property test walks every script in ``scripts/`` (found by globbing: a file with a ``__main__`` block),
-so a script added later is covered without touching this file. Each must expose ``build_parser()``, a
-``ScriptParser`` whose options name what they take with ``scriptargs``'s checks, and a ``@guarded`` ``main``
-whose first statement is ``args = build_parser().parse_args(argv)``: the parse-and-check phase, which is
-all this test runs in-process, so no training, model load or download can start here. From a valid
-invocation built from the parser itself (``baseline``: the checks' kinds say what to give each option, in
-a scratch world of a corpus, a config, a run folder and a corpus folder), each option in turn is given the
-command line fuzz's hostile values (``tests/test_cli_fuzz.py``: inf, -inf, nan, -1, 0, 2**70, "", a
-folder, a missing path, a named pipe with no writer, an unreadable file when not root, the invocation's own
-inputs). Every outcome is acceptance or exactly one ``error:`` line with 2, 3, 4 or 5, no traceback, no
-file written or changed, within a time limit (a hang fails); and what an option's kind must refuse (a
-number that is not finite or past 64 bits, a missing input, a folder where a file goes, an output onto an
-input) is refused in a line that names the option. Subprocess runs then prove the real ``main`` path, one
-per kind of script.
+A property test walks every script in ``scripts/`` and ``scripts/bench/`` (found by globbing: a file with a
+``__main__`` block), so a script added later is covered without touching this file. Each must expose
+``build_parser()``, a ``ScriptParser`` whose options name what they take with ``scriptargs``'s checks, and a
+``@guarded`` ``main`` whose first statement is ``args = build_parser().parse_args(argv)``: the parse-and-check
+phase, which is all this test runs in-process, so no training, model load or download can start here. From a
+valid invocation built from the parser itself (``baseline``: the checks' kinds say what to give each option,
+in a scratch world of a corpus, a config, a run folder and a corpus folder), each option in turn is given the
+command line fuzz's hostile values (``tests/test_cli_fuzz.py``: inf, -inf, nan, -1, 0, 2**70, "", a folder, a
+missing path, a named pipe with no writer, an unreadable file when not root, the invocation's own inputs).
+Every outcome is acceptance or exactly one ``error:`` line with 2, 3, 4 or 5, no traceback, no file written or
+changed, within a time limit (a hang fails); and what an option's kind must refuse (a number that is not
+finite or past 64 bits, a missing input, a folder where a file goes, an output onto an input) is refused in a
+line that names the option. Subprocess runs then prove the real ``main`` path, one per kind of script.
 """
 
 from __future__ import annotations
@@ -38,11 +37,13 @@ import pytest
 from helpers import (
     OFFLINE_ENV,
     REPO,
+    SCRIPT_FOLDERS,
     TINY_MODELS,
     TINY_TRAIN,
     assert_one_error_line,
     hostile_place,
     load_script,
+    script_path,
 )
 
 from attnmt.errors import CheckpointError, ConfigError, DataError, ResourceError
@@ -63,7 +64,7 @@ def is_script(path: Path) -> bool:
     return any(isinstance(node, ast.If) and "__main__" in ast.unparse(node.test) for node in tree.body)
 
 
-SCRIPTS = sorted(p.stem for p in (REPO / "scripts").glob("*.py") if is_script(p))
+SCRIPTS = sorted(p.stem for folder in SCRIPT_FOLDERS for p in folder.glob("*.py") if is_script(p))
 
 
 # ------------------------------------------------------------------------------------------ the world
@@ -304,6 +305,8 @@ def test_the_scripts_are_found():
     assert {"bench_prefix", "bench_constraints", "bootstrap_guided", "eflomal_align", "check_growth",
             "check_prepare"} <= set(SCRIPTS)
     assert "benchlib" not in SCRIPTS and "scriptargs" not in SCRIPTS
+    # the benchmarks in scripts/bench/, the tools users run in scripts/
+    assert {p.parent.name for name in SCRIPTS for p in [script_path(name)]} == {"scripts", "bench"}
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
@@ -311,14 +314,14 @@ def test_every_script_checks_its_arguments_first(name):
     """``build_parser()`` gives a ScriptParser; every option that takes a value takes it through a check or
     a list of choices (text options aside); ``main`` is guarded and parses first; ``__main__`` calls it."""
     module = load_script(name)
-    assert hasattr(module, "build_parser"), f"scripts/{name}.py has no build_parser()"
+    assert hasattr(module, "build_parser"), f"{script_path(name)} has no build_parser()"
     parser = module.build_parser()
     assert isinstance(parser, scriptargs.ScriptParser)
     for action in options(parser):
         assert action.type is None or isinstance(action.type, scriptargs.Check), \
             f"{name} {action.dest}: type {action.type!r} is no scriptargs check (Number, InputFile, ...)"
     assert getattr(module.main, "error_guard", False), f"{name}: main is not @scriptargs.guarded"
-    tree = ast.parse((REPO / "scripts" / f"{name}.py").read_text(encoding="utf-8"))
+    tree = ast.parse(script_path(name).read_text(encoding="utf-8"))
     main = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "main")
     assert ast.unparse(main.body[0]) == "args = build_parser().parse_args(argv)", \
         f"{name}: main's first statement must parse and check: {ast.unparse(main.body[0])}"
@@ -417,7 +420,7 @@ def test_each_kind_of_script_refuses_in_one_line_from_its_real_main(tmp_path):
         "too few steps": (["check_growth.py", "--steps", "10"], 2, "--steps"),
     }
     before = sorted(p.name for p in tmp_path.iterdir())
-    children = {what: subprocess.Popen([sys.executable, str(REPO / "scripts" / words[0]), *words[1:]],
+    children = {what: subprocess.Popen([sys.executable, str(script_path(Path(words[0]).stem)), *words[1:]],
                                        cwd=REPO, env={**os.environ, **OFFLINE_ENV}, stdout=subprocess.PIPE,
                                        stderr=subprocess.PIPE, text=True)
                 for what, (words, _, _) in cases.items()}

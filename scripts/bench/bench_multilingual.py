@@ -4,7 +4,7 @@ trained ``--minutes`` x pairs, all from the same base config (its model and trai
 ``configs/multi30k_multilingual_transformer.yaml``); each pair's BLEU and chrF on the Multi30k test set
 (``attnmt eval --tgt-lang``).
 
-    python scripts/bench_multilingual.py --data ../shared/data/multi30k --pairs de-en de-fr en-fr \\
+    python scripts/bench/bench_multilingual.py --data ../shared/data/multi30k --pairs de-en de-fr en-fr \\
         --minutes 5 --run-root ../runs/bench_multilingual
 
 The runs go one after the other (give the machine to them alone); a run folder that exists is continued,
@@ -15,9 +15,13 @@ vocabulary size; the multilingual one has one joint tokenizer over every languag
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: scriptargs and the tools
+
 from benchlib import REPO, attnmt, eval_scores, run_main, save_rows
 from scriptargs import (
     ConfigFile,

@@ -2,7 +2,8 @@
 Post & Vilar (2018) and Hu et al. (2019) do, beside the free search: the share of phrases the outputs
 hold, BLEU and chrF (sacrebleu), per beam size and number of phrases per sentence.
 
-    python scripts/bench_constraints.py runs/m30k --src ../shared/data/multi30k/test_2016_flickr.de.gz \\
+    python scripts/bench/bench_constraints.py runs/m30k \\
+        --src ../shared/data/multi30k/test_2016_flickr.de.gz \\
         --ref ../shared/data/multi30k/test_2016_flickr.en.gz --phrases 1 2 --beam-sizes 5
 
 Each sentence's phrases are spans of 1 to ``--max-words`` words of its reference, chosen at random
@@ -15,9 +16,14 @@ from __future__ import annotations
 import json
 import random
 import string
+import sys
 import time
+from pathlib import Path
 
 import sacrebleu
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: scriptargs and the tools
+
 from scriptargs import InputFile, Model, Number, OutputFile, ScriptParser, guarded
 
 from attnmt.cli.common import open_translator

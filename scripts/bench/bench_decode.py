@@ -1,10 +1,11 @@
 """Decoding speed: attnmt's search on trained models, and side by side with Hugging Face and CTranslate2.
 
-    python scripts/bench_decode.py --models runs/multi30k_de_en_transformer runs/multi30k_de_en_lstm
-    python scripts/bench_decode.py --equal-work --peers      # + HF generate and CTranslate2 in one run
-    python scripts/bench_decode.py --equal-work --ct2 --cli  # + CTranslate2 on attnmt's own random weights
-    python scripts/bench_decode.py --parts                   # the decoder's pieces, old against new
-    python scripts/bench_decode.py --equal-work --against 14964ad   # this tree against a commit, alternating
+    python scripts/bench/bench_decode.py --models runs/multi30k_de_en_transformer runs/multi30k_de_en_lstm
+    python scripts/bench/bench_decode.py --equal-work --peers      # + HF generate and CTranslate2 in one run
+    python scripts/bench/bench_decode.py --equal-work --ct2 --cli  # + CTranslate2 on attnmt's random weights
+    python scripts/bench/bench_decode.py --parts                   # the decoder's pieces, old against new
+    python scripts/bench/bench_decode.py --equal-work --against 14964ad   # this tree against a commit,
+                                                                         # alternating
 
 Part 1 (``--models``): sentences/s and generated tokens/s of greedy and beam-5 search on the 1,000
 test_2016_flickr sentences, batches of 64 in file order, with each trained model.
@@ -41,7 +42,7 @@ engine on both batchings, and attnmt's Translator / the float32 wrapper. ``--cli
 export and on the checkpoint: wall seconds, start-up included.
 
 Part 3 (``--equal-work --against REV``): the equal-work pass of this tree and of commit REV (checked out
-into a temporary git worktree, whose own ``scripts/bench_decode.py`` runs there) in alternating rounds,
+into a temporary git worktree, whose own ``scripts/bench/bench_decode.py`` runs there) in alternating rounds,
 each a fresh process, the two taking turns to go first; ratios are the median of the per-round ratios,
 as for the peers.
 
@@ -65,11 +66,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: scriptargs and the tools
+
+from benchlib import REPO, benchmark_in
 from scriptargs import InputFolder, Model, Number, ScriptParser, guarded
 
 from attnmt.errors import ConfigError
 
-REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 TEST_DE = SHARED / "data" / "multi30k" / "test_2016_flickr.de.gz"
 
@@ -631,7 +634,7 @@ def against(rev: str, rounds: int, threads: int) -> list[dict]:
                 order = list(trees.items()) if r % 2 == 0 else list(trees.items())[::-1]
                 for name, root in order:
                     out = subprocess.run(
-                        [sys.executable, str(root / "scripts" / "bench_decode.py"),
+                        [sys.executable, str(benchmark_in(root, "bench_decode.py")),
                          "--equal-work", "--runs", "1", "--threads", str(threads)],
                         cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, capture_output=True, text=True,
                     )  # fmt: skip

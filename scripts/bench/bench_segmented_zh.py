@@ -1,7 +1,7 @@
 """Pre-segmented Chinese on a real model: ``attnmt align`` with a segmenter's words against ``attnmt align``
 with characters, and against eflomal on the same words.
 
-    python scripts/bench_segmented_zh.py RUN --src test.en --tgt test.zh --segmented test.seg.zh \\
+    python scripts/bench/bench_segmented_zh.py RUN --src test.en --tgt test.zh --segmented test.seg.zh \\
         --train-src train.en --train-segmented train.seg.zh
 
 ``--segmented`` is ``--tgt`` split into words by any segmenter (the README used jieba; attnmt needs
@@ -22,12 +22,13 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: scriptargs and the tools
+
+from benchlib import REPO
 from eflomal_align import align_words, corpus_words, read_links, symmetrized
 from scriptargs import InputFile, Model, ScriptParser, guarded, require_module
 
 from attnmt.errors import ConfigError, DataError
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def align(run: Path, src: Path, tgt: Path, out: Path) -> float:

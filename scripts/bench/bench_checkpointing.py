@@ -1,7 +1,7 @@
 """Peak memory and time of one training step with and without ``train.gradient_checkpointing``.
 
-    python scripts/bench_checkpointing.py                      # depths 6 and 12, lengths 64 and 256
-    python scripts/bench_checkpointing.py --depth 12 --length 256 --batch 32
+    python scripts/bench/bench_checkpointing.py                      # depths 6 and 12, lengths 64 and 256
+    python scripts/bench/bench_checkpointing.py --depth 12 --length 256 --batch 32
 
 Each case runs in a fresh child process: a Transformer of the Multi30k recipe's width (d_model 256, 4
 heads, d_ff 1024, dropout 0.1) with ``--depth`` encoder and decoder layers, a batch of ``--batch`` random
@@ -22,9 +22,10 @@ import sys
 import time
 from pathlib import Path
 
-from scriptargs import Number, ScriptParser, guarded
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: scriptargs and the tools
 
-REPO = Path(__file__).resolve().parents[1]
+from benchlib import REPO
+from scriptargs import Number, ScriptParser, guarded
 
 
 def rss_mib() -> float:

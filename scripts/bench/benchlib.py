@@ -1,6 +1,9 @@
-"""What the training benchmarks share (``bench_sampling.py``, ``bench_multilingual.py``,
-``bench_backtranslation.py``): attnmt run in a child process, and the end of a run that writes its
-results. What every script shares, its arguments' checks and its error guard, is ``scriptargs.py``."""
+"""What the benchmarks share: the repository's root (``REPO``), and for the training benchmarks
+(``bench_sampling.py``, ``bench_multilingual.py``, ``bench_backtranslation.py``) attnmt run in a child
+process and the end of a run that writes its results. What every script shares, the benchmarks and the
+tools, its arguments' checks and its error guard, is ``scripts/scriptargs.py``: a benchmark puts
+``scripts/`` on ``sys.path`` before its imports, so that it runs from any working folder as
+``python scripts/bench/bench_NAME.py``."""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def attnmt(*args) -> subprocess.CompletedProcess:
@@ -40,3 +43,10 @@ def save_rows(rows: list, path: Path | None) -> None:
 def run_main(main: Callable[[], None]) -> None:
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     main()
+
+
+def benchmark_in(tree: Path, name: str) -> Path | None:
+    """Benchmark ``name`` (``bench_train.py``) in another attnmt checkout ``tree``: ``scripts/bench/NAME``,
+    or ``scripts/NAME`` in a checkout from before the benchmarks moved; None when it has neither."""
+    return next((path for path in (tree / "scripts" / "bench" / name, tree / "scripts" / name)
+                 if path.is_file()), None)

@@ -1,7 +1,8 @@
 """Word alignments on Multi30k de-en: attnmt's cross-attention beside eflomal's, agreement and speed, in one
 run.
 
-    python scripts/bench_align.py --model /work/runs_bench/m30k_de_en --reverse /work/runs_bench/m30k_en_de
+    python scripts/bench/bench_align.py --model /work/runs_bench/m30k_de_en \\
+        --reverse /work/runs_bench/m30k_en_de
 
 Multi30k has no gold alignments, so eflomal (Östling & Tiedemann 2016, an unsupervised Bayesian HMM with
 fertility, the usual strong statistical aligner) stands in for the reference: its links, the two
@@ -55,12 +56,14 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: scriptargs and the tools
+
+from benchlib import REPO
 from eflomal_align import align_words, corpus_words, read_links, symmetrized, write_links
 from scriptargs import InputFolder, Model, Number, OutputFolder, ScriptParser, guarded, require_module
 
 from attnmt.errors import DataError
 
-REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data" / "multi30k"
 ATTNMT = [sys.executable, "-m", "attnmt"]
 HEURISTIC = "grow-diag-final-and"

@@ -1,12 +1,12 @@
 """Training throughput of the Multi30k recipes, side by side with JoeyNMT 2.3.0 in one run.
 
-    python scripts/bench_train.py                       # attnmt Transformer and LSTM, 40 timed steps each
-    python scripts/bench_train.py --joey 240            # ... and JoeyNMT for 240 s each
+    python scripts/bench/bench_train.py                 # attnmt Transformer and LSTM, 40 timed steps each
+    python scripts/bench/bench_train.py --joey 240      # ... and JoeyNMT for 240 s each
                                                         # (needs ../shared/peers/setup.sh)
-    python scripts/bench_train.py --device cuda --archs transformer --steps 300   # on a GPU: bf16 autocast
-    python scripts/bench_train.py --precision bf16 --compile off on   # torch.compile against eager
-    python scripts/bench_train.py --parts               # a step's pieces against what they replaced
-    python scripts/bench_train.py --against /tmp/old --archs transformer --precision bf16 --rounds 3
+    python scripts/bench/bench_train.py --device cuda --archs transformer --steps 300   # on a GPU: bf16
+    python scripts/bench/bench_train.py --precision bf16 --compile off on   # torch.compile against eager
+    python scripts/bench/bench_train.py --parts         # a step's pieces against what they replaced
+    python scripts/bench/bench_train.py --against /tmp/old --archs transformer --precision bf16 --rounds 3
                                                         # this checkout against another, alternating
 
 For each recipe, in a fresh child process: prepare the data (not timed), run 5 warm-up steps, then time
@@ -32,11 +32,13 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: scriptargs and the tools
+
+from benchlib import REPO, benchmark_in
 from scriptargs import InputFolder, Number, ScriptParser, guarded
 
 from attnmt.errors import DataError
 
-REPO = Path(__file__).resolve().parents[1]
 PEERS = REPO.parent / "shared" / "peers"
 RECIPES = {"transformer": "configs/multi30k_de_en_transformer.yaml",
            "lstm": "configs/multi30k_de_en_lstm.yaml"}
@@ -203,7 +205,7 @@ def run_joey(arch: str, budget: int) -> dict | None:
 
 def _child(tree: Path, args, arch: str, precision: str, compile_: str) -> dict:
     """One measuring child, run from the checkout ``tree`` (its script, its attnmt)."""
-    cmd = [sys.executable, str(tree / "scripts" / "bench_train.py"), "--child", arch,
+    cmd = [sys.executable, str(benchmark_in(tree, "bench_train.py")), "--child", arch,
            "--steps", str(args.steps), "--threads", str(args.threads), "--device", args.device,
            "--precision", precision,
            "--compile", compile_]
@@ -263,13 +265,14 @@ def build_parser() -> ScriptParser:
 
 def check_folders(args) -> None:
     """--data holds the three splits' files; --against is an attnmt checkout (its children run its own
-    scripts/bench_train.py)."""
+    scripts/bench/bench_train.py, or scripts/bench_train.py in a checkout from before the move)."""
     names = [f"{split}.{lang}.gz" for split in ("train", "val", "test_2016_flickr") for lang in ("de", "en")]
     missing = [name for name in names if args.data and not (args.data / name).is_file()]
     if missing:
         raise DataError(f"--data {args.data}: no {', '.join(missing)} in it")
-    if args.against and not (args.against / "scripts" / "bench_train.py").is_file():
-        raise DataError(f"--against {args.against}: no scripts/bench_train.py in it; give an attnmt checkout")
+    if args.against and benchmark_in(args.against, "bench_train.py") is None:
+        raise DataError(f"--against {args.against}: no scripts/bench/bench_train.py in it; give an attnmt "
+                        "checkout")
 
 
 @guarded

@@ -1,9 +1,9 @@
 """Subword regularisation at equal minutes: one config trained twice for the same training time, without
 and with ``tokenizer.sampling``, then both scored on its test set (``attnmt eval``: BLEU, chrF).
 
-    python scripts/bench_sampling.py configs/multi30k_de_en_transformer.yaml --minutes 30 \\
+    python scripts/bench/bench_sampling.py configs/multi30k_de_en_transformer.yaml --minutes 30 \\
         --alpha 0.1 --nbest 16 --run-root runs/bench_sampling/multi30k_de_en
-    python scripts/bench_sampling.py configs/tatoeba_zh_en_transformer.yaml --minutes 30 \\
+    python scripts/bench/bench_sampling.py configs/tatoeba_zh_en_transformer.yaml --minutes 30 \\
         --alpha 0.1 --nbest 16 --run-root runs/bench_sampling/tatoeba_zh_en
 
 The data is prepared once (``attnmt prepare``, not timed) and copied into both run folders: sampling changes
@@ -21,10 +21,14 @@ and the CPU milliseconds per sentence drawn (also in the full run's table note).
 from __future__ import annotations
 
 import shutil
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: scriptargs and the tools
+
 from benchlib import REPO, attnmt, eval_scores, run_main, save_rows
 from scriptargs import ConfigFile, Number, OutputFile, OutputFolder, ScriptParser, guarded
 

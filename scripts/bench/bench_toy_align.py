@@ -3,7 +3,7 @@ guided alignment training, each read the ways ``attnmt align`` offers, with the 
 task generates. The recipes train one after the other (a minute each on 2 cores), then every reading is
 scored through the command line, as a user runs it.
 
-    python scripts/bench_toy_align.py --out runs/bench_toy_align
+    python scripts/bench/bench_toy_align.py --out runs/bench_toy_align
 
 Trains ``configs/toy_transformer.yaml`` (unguided), ``configs/toy_transformer_guided.yaml`` (guided) and,
 for ``--reverse``, the unguided recipe in the other direction (German to English, the same toy pairs
@@ -27,10 +27,13 @@ import time
 from pathlib import Path
 
 import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: scriptargs and the tools
+
+from benchlib import REPO
 from eflomal_align import align_words, corpus_words, symmetrized, write_links
 from scriptargs import OutputFolder, ScriptParser, guarded, require_module
 
-REPO = Path(__file__).resolve().parents[1]
 ATTNMT = [sys.executable, "-m", "attnmt"]
 
 

@@ -1,6 +1,6 @@
 """Tagged back-translation (Caswell et al. 2019) on Multi30k, German to English, at equal minutes.
 
-    python scripts/bench_backtranslation.py --data ../shared/data/multi30k --minutes 5 \\
+    python scripts/bench/bench_backtranslation.py --data ../shared/data/multi30k --minutes 5 \\
         --run-root ../runs/bench_backtranslation
 
 The training captions are cut in two halves: the first is the parallel data, the second's English side
@@ -15,9 +15,13 @@ from __future__ import annotations
 
 import gzip
 import json
+import sys
 from pathlib import Path
 
 import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: scriptargs and the tools
+
 from benchlib import REPO, attnmt, eval_scores, run_main, save_rows
 from scriptargs import InputFolder, Number, OutputFile, OutputFolder, ScriptParser, guarded
 

@@ -1,7 +1,7 @@
 """How prepare and training grow with the corpus: wall time and peak memory against the number of pairs.
 
-    python scripts/bench_scale.py --sizes 100000 1000000 5000000 10000000
-    python scripts/bench_scale.py --sizes 20000 40000 80000 --steps 20      # a quick look
+    python scripts/bench/bench_scale.py --sizes 100000 1000000 5000000 10000000
+    python scripts/bench/bench_scale.py --sizes 20000 40000 80000 --steps 20      # a quick look
 
 For each size, a de-en corpus of that many distinct pairs is written as plain text (Multi30k's training
 sentences, from ``--data``, repeated with a running number appended to both sides so that no two pairs
@@ -34,11 +34,13 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: scriptargs and the tools
+
+from benchlib import REPO
 from scriptargs import ConfigFile, InputFolder, Number, ScriptParser, guarded
 
 from attnmt.errors import DataError
 
-REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "configs" / "multi30k_de_en_transformer.yaml"
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "MPLBACKEND": "Agg"}
 

@@ -3,9 +3,9 @@ depth (3 encoder and 3 decoder layers, 4 heads, 10-30 pieces a side): its size w
 attention and with cross-attention only, what makes up the size, and the time headless Chromium takes
 from ``driver.get(file://...)`` until the first heatmap is drawn (median of several loads).
 
-    python scripts/bench_explorer.py
-    python scripts/bench_explorer.py --sentences 500 --loads 5
-    python scripts/bench_explorer.py --page runs/m30k/explorer.html   # a page attnmt plot --html wrote
+    python scripts/bench/bench_explorer.py
+    python scripts/bench/bench_explorer.py --sentences 500 --loads 5
+    python scripts/bench/bench_explorer.py --page runs/m30k/explorer.html   # a page attnmt plot --html wrote
 
 Two times per load: ``window.explorerReady`` (``performance.now()`` at the first draw, so from the
 navigation's start, as the page sees it) and the wall time around ``driver.get`` plus polling for it (adds
@@ -16,11 +16,15 @@ from __future__ import annotations
 
 import re
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: scriptargs and the tools
+
 from scriptargs import InputFile, Number, ScriptParser, guarded
 
 from attnmt.errors import ConfigError

@@ -5,13 +5,16 @@ torch.no_grad and forward + backward, each (kernel, length, mode, time or memory
 how each is measured is in ``attnmt/growth.py``. The growth exponent is the slope of log(value) on log(n)
 over n >= 1024, printed beside the exponent the tutorials claim (within 0.25: ok).
 
-    python scripts/bench_attention.py                          # every kernel, 64 .. 8192
-    python scripts/bench_attention.py --max-len 1024 --repeats 2 --kernels math linear
+    python scripts/bench/bench_attention.py                          # every kernel, 64 .. 8192
+    python scripts/bench/bench_attention.py --max-len 1024 --repeats 2 --kernels math linear
 """
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: scriptargs and the tools
 
 from scriptargs import Number, ScriptParser, guarded
 

@@ -2,7 +2,7 @@
 beside the free search, BLEU and chrF of the whole outputs against the references (sacrebleu), greedy
 and beam.
 
-    python scripts/bench_prefix.py runs/m30k --src ../shared/data/multi30k/test_2016_flickr.de.gz \\
+    python scripts/bench/bench_prefix.py runs/m30k --src ../shared/data/multi30k/test_2016_flickr.de.gz \\
         --ref ../shared/data/multi30k/test_2016_flickr.en.gz --words 3
 
 Forcing the reference's opening words gives the search the right start (and those words for free), so
@@ -12,9 +12,14 @@ BLEU should rise; how much it rises after the prefix is what the model makes of 
 from __future__ import annotations
 
 import json
+import sys
 import time
+from pathlib import Path
 
 import sacrebleu
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: scriptargs and the tools
+
 from scriptargs import InputFile, Model, Number, OutputFile, ScriptParser, guarded
 
 from attnmt.cli.common import open_translator

@@ -2,8 +2,9 @@
 training budget, one after the other; test BLEU (sacrebleu's zh tokenizer for a Chinese target, 13a for
 English) and chrF, greedy and beam 5, of each engine's best checkpoint by dev BLEU.
 
-    python scripts/bench_chinese.py --direction en-zh --minutes 30
-    python scripts/bench_chinese.py --direction zh-en --minutes 30 --attnmt-run runs/tatoeba_zh_en_transformer
+    python scripts/bench/bench_chinese.py --direction en-zh --minutes 30
+    python scripts/bench/bench_chinese.py --direction zh-en --minutes 30 \\
+        --attnmt-run runs/tatoeba_zh_en_transformer
 
 attnmt trains ``configs/tatoeba_<src>_<tgt>_transformer.yaml`` with ``train.max_minutes`` (or an existing
 run folder is scored as it is). JoeyNMT then trains on exactly the training pairs attnmt kept (its prepared
@@ -27,11 +28,14 @@ import time
 from pathlib import Path
 
 import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: scriptargs and the tools
+
+from benchlib import REPO
 from scriptargs import Model, Number, OutputFolder, ScriptParser, guarded
 
 from attnmt.errors import ConfigError
 
-REPO = Path(__file__).resolve().parents[1]
 PEERS = REPO.parent / "shared" / "peers"
 ANCHORS = Path(os.environ.get("ANCHORS_DIR", Path.home() / ".cache" / "attnmt-anchors"))
 JOEY_PY = ANCHORS / "venv" / "bin" / "python"

@@ -10,10 +10,10 @@ translator in this process on the same sentences in consecutive groups of N (N c
 for their answer never have more than N sentences waiting), in their order and sorted by length first
 (about what continuous batching could reach).
 
-    python scripts/bench_serve.py runs/demo --src runs/demo/toy/test.en
-    python scripts/bench_serve.py runs/bootstrap_de_en_eflomal/forward \
+    python scripts/bench/bench_serve.py runs/demo --src runs/demo/toy/test.en
+    python scripts/bench/bench_serve.py runs/bootstrap_de_en_eflomal/forward \\
         --src ../shared/data/multi30k/test_2016_flickr.de.gz --clients 1 8 32 128
-    python scripts/bench_serve.py runs/demo --src runs/demo/toy/test.en --soak 10000 100000 --clients 32
+    python scripts/bench/bench_serve.py runs/demo --src runs/demo/toy/test.en --soak 10000 100000 --clients 32
 
 ``--soak A B``: RSS after A requests and after B (the goal: B's within 10% of A's), with the clients
 cycling through the file.
@@ -25,7 +25,8 @@ H clients that send, as soon as each answer comes, the most expensive requests t
 lists, and sampled). The goal: the legitimate clients' p99 within 2x of their p99 alone, and none of their
 requests failing.
 
-    python scripts/bench_serve.py runs/demo --src runs/demo/toy/test.en --hostile 4 --clients 1 8 --seconds 30
+    python scripts/bench/bench_serve.py runs/demo --src runs/demo/toy/test.en --hostile 4 --clients 1 8 \\
+        --seconds 30
 """
 
 from __future__ import annotations
@@ -39,12 +40,12 @@ import time
 import urllib.request
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: scriptargs and the tools
+
 from scriptargs import InputFile, Model, Number, OutputFile, ScriptParser, guarded, require_module
 
 from attnmt.data import read_lines
 from attnmt.errors import ConfigError
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 def rss_mib(pid: int) -> float:
