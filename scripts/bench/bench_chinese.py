@@ -14,7 +14,7 @@ and the same token budget per batch; its optimiser settings are the peers' templ
 (``../shared/peers/joey_transformer.yaml``). JoeyNMT has no wall-clock limit, so it is stopped with SIGINT
 after the budget (as ``../shared/peers/run_joey.sh`` does; the budget covers start-up and validations, as
 attnmt's ``max_minutes`` covers its validations). Its test translations come from the peers'
-``joey_decode.py`` and are scored here, with attnmt's metrics (the same sacrebleu). Needs the peers'
+``../shared/peers/joey_decode.py`` and are scored here, with attnmt's metrics (the same sacrebleu). Needs the peers'
 environment: ``bash ../shared/peers/setup.sh``.
 """
 

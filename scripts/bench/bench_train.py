@@ -14,7 +14,7 @@ For each recipe, in a fresh child process: prepare the data (not timed), run 5 w
 second, peak resident memory, and model FLOP utilisation: the FLOPs of one measured training step
 (``torch.utils.flop_counter.FlopCounterMode``, forward + backward) times steps per second, over the
 matmul peak of the precision used (fp32 or bf16), measured in the same run (``torch.mm`` on 2048 x 2048,
-as the peers' ``matmul_peak.py`` does). JoeyNMT runs the peers' configs (same dims, batch 4096
+as ``../shared/peers/matmul_peak.py`` does). JoeyNMT runs the peers' configs (same dims, batch 4096
 tokens) under ``../shared/peers/run_joey.sh`` and its logged target tokens/s is compared with ours.
 """
 
@@ -265,7 +265,7 @@ def build_parser() -> ScriptParser:
 
 def check_folders(args) -> None:
     """--data holds the three splits' files; --against is an attnmt checkout (its children run its own
-    scripts/bench/bench_train.py, or scripts/bench_train.py in a checkout from before the move)."""
+    scripts/bench/bench_train.py, or the one in its scripts/ folder in a checkout from before the move)."""
     names = [f"{split}.{lang}.gz" for split in ("train", "val", "test_2016_flickr") for lang in ("de", "en")]
     missing = [name for name in names if args.data and not (args.data / name).is_file()]
     if missing:
