@@ -414,20 +414,22 @@ def build_parser() -> ScriptParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     rss, counts = Limit(args.rss_limit), Limit(0.10, 2)
+    # absolute: the commands run in the repository
+    model, launcher = (path.resolve() if path else None for path in (args.model, args.launcher))
     with tempfile.TemporaryDirectory(prefix="attnmt-growth-") as tmp:
-        work = args.work or Path(tmp)
+        work = (args.work or Path(tmp)).resolve()
         work.mkdir(parents=True, exist_ok=True)
         config = write_tiny_config(work / "tiny.yaml")
         run_dir = work / "run"
         first = max(100, args.steps // 10) if args.steps >= 200 else args.steps // 4
-        results = [] if args.model else [
+        results = [] if model else [
             measure_training(config, run_dir, args.steps, args.every, first, args.interval,
-                             int(args.span * first), rss, counts, args.launcher)]
+                             int(args.span * first), rss, counts, launcher)]
         if args.lines and not any(m.returncode for m in results):
             first_line = max(1, args.lines // 10)
             span = max(1000, int(args.span * first_line))  # the output comes 1,000 lines at a time
-            results.append(measure_translate(args.model or run_dir, args.lines, first_line, args.interval,
-                                             span, rss, counts, args.launcher,
+            results.append(measure_translate(model or run_dir, args.lines, first_line, args.interval,
+                                             span, rss, counts, launcher,
                                              extra_env=SMALL_CACHES if args.pin_caches else None))
     print(table(results))
     if args.out:

@@ -3,12 +3,14 @@
     python scripts/bench/bench_backtranslation.py --data ../shared/data/multi30k --minutes 5 \\
         --run-root ../runs/bench_backtranslation
 
-The training captions are cut in two halves: the first is the parallel data, the second's English side
-plays the monolingual text (its German side is never read). The recipe: train English to German on the
-parallel half; translate the monolingual English into German with ``translate --sampling`` (samples,
-not the beam's best, as Edunov et al. 2018 advise); then train German to English twice for the same
-minutes, on the parallel half alone and with the back-translations added as a second corpus tagged
-``<bt>`` (``data.train: [{...}, {..., tag: <bt>, weight: W}]``), and score both on the test set.
+The training captions are cut in two halves: the first is the parallel data, the second's English side plays
+the monolingual text (its German side is never read). The recipe: train English to German on the parallel
+half; translate the monolingual English into German with ``translate --sampling`` (samples, not the beam's
+best, as Edunov et al. 2018 advise); then train German to English twice for the same minutes, on the parallel
+half alone and with the back-translations added as a second corpus tagged ``<bt>`` (``data.train: [{...},
+{..., tag: <bt>, weight: W}]``), and score both on the test set. ``--smoke`` is CI's smoke run
+(``tests/test_scripts_smoke.py``), its numbers meaningless: the recipe's smallest model and a 100-piece
+vocabulary (``benchlib.smoke_config``), each training a few steps instead of ``--minutes``.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: scriptargs and the tools
 
-from benchlib import REPO, attnmt, eval_scores, run_main, save_rows
+from benchlib import REPO, attnmt, eval_scores, run_main, save_rows, smoke_config
 from scriptargs import InputFolder, Number, OutputFile, OutputFolder, ScriptParser, guarded
 
 from attnmt.errors import DataError
@@ -46,12 +48,15 @@ def halves(data: Path, root: Path) -> dict[str, Path]:
 
 
 def write_config(base: dict, root: Path, name: str, train, src: str, tgt: str, data: Path,
-                 minutes: float) -> Path:
+                 minutes: float, smoke: bool = False) -> Path:
+    """The base recipe on these corpora, trained ``minutes`` (``smoke``: a few steps of its smallest model,
+    ``benchlib.smoke_config``)."""
     config = json.loads(json.dumps(base))
     test = {"src": str(data / f"test_2016_flickr.{src}.gz"), "tgt": str(data / f"test_2016_flickr.{tgt}.gz")}
     config["data"].update(src_lang=src, tgt_lang=tgt, train=train, test=test,
                           dev={"src": str(data / f"val.{src}.gz"), "tgt": str(data / f"val.{tgt}.gz")})
     config["train"].update(max_minutes=minutes, max_epochs=1_000_000, max_steps=0, run_dir=str(root / name))
+    config = smoke_config(config) if smoke else config
     path = root / f"{name}.json"
     path.write_text(json.dumps(config, indent=1), encoding="utf-8")
     return path
@@ -72,6 +77,9 @@ def build_parser() -> ScriptParser:
                         "weight (the parallel corpus has 1).")
     parser.add_argument("--run-root", type=OutputFolder(), default=REPO / "runs" / "bench_backtranslation")
     parser.add_argument("--json", type=OutputFile(), help="Write the results here too.")
+    parser.add_argument("--smoke", action="store_true", help="CI's smoke run (its numbers mean nothing): "
+                        "the recipe's smallest model and a 100-piece vocabulary, a few steps instead of "
+                        "--minutes")
     parser.checks.append(check_data)
     return parser
 
@@ -93,16 +101,17 @@ def main(argv: list[str] | None = None) -> None:
     parallel = {"src": str(files["parallel.de"]), "tgt": str(files["parallel.en"])}
     reverse = {"src": str(files["parallel.en"]), "tgt": str(files["parallel.de"])}
     reverse_minutes = args.reverse_minutes or args.minutes
-    attnmt("train", write_config(base, root, "en-de", reverse, "en", "de", data, reverse_minutes))
+    attnmt("train", write_config(base, root, "en-de", reverse, "en", "de", data, reverse_minutes, args.smoke))
     bt = root / "mono.bt.de"
     if not bt.exists():
         attnmt("translate", root / "en-de", "-i", files["mono.en"], "-o", bt, "--sampling", "--seed", "1",
                "--top-k", args.top_k)
     tagged = {"src": str(bt), "tgt": str(files["mono.en"]), "tag": "<bt>", "weight": args.weight}
-    runs = {"parallel only": write_config(base, root, "de-en", parallel, "de", "en", data, args.minutes),
-            "+ tagged back-translation": write_config(base, root, "de-en-bt", [{**parallel, "weight": 1.0},
-                                                                                tagged],
-                                                      "de", "en", data, args.minutes)}
+    both = [{**parallel, "weight": 1.0}, tagged]
+    runs = {"parallel only": write_config(base, root, "de-en", parallel, "de", "en", data, args.minutes,
+                                          args.smoke),
+            "+ tagged back-translation": write_config(base, root, "de-en-bt", both, "de", "en", data,
+                                                      args.minutes, args.smoke)}
     rows = []
     for name, config in runs.items():
         attnmt("train", config)

@@ -14,8 +14,9 @@ and the same token budget per batch; its optimiser settings are the peers' templ
 (``../shared/peers/joey_transformer.yaml``). JoeyNMT has no wall-clock limit, so it is stopped with SIGINT
 after the budget (as ``../shared/peers/run_joey.sh`` does; the budget covers start-up and validations, as
 attnmt's ``max_minutes`` covers its validations). Its test translations come from the peers'
-``../shared/peers/joey_decode.py`` and are scored here, with attnmt's metrics (the same sacrebleu). Needs the peers'
-environment: ``bash ../shared/peers/setup.sh``.
+``../shared/peers/joey_decode.py`` and are scored here, with attnmt's metrics (the same sacrebleu). Needs
+the peers' environment: ``bash ../shared/peers/setup.sh``; ``--no-joey`` leaves JoeyNMT out (attnmt's rows
+alone: CI's smoke run, on any run folder with a test set).
 """
 
 from __future__ import annotations
@@ -54,8 +55,7 @@ def attnmt_train(direction: str, minutes: float, run: Path) -> None:
 def export(run: Path, work: Path) -> dict:
     """The run's training pairs and the dev/test sets as plain files for JoeyNMT, its sentencepiece model,
     and a JoeyNMT vocabulary file (the pieces in id order)."""
-    import datasets
-
+    from attnmt.batching import load_split
     from attnmt.config import load_config
     from attnmt.data import read_corpus
     from attnmt.runfiles import RunDir
@@ -64,8 +64,8 @@ def export(run: Path, work: Path) -> dict:
     cfg = load_config(RunDir(run).config)
     src, tgt = cfg.data.src_lang, cfg.data.tgt_lang
     work.mkdir(parents=True, exist_ok=True)
-    train = datasets.load_from_disk(str(RunDir(run).split("train")))
-    files = {"train": (train["src"], train["tgt"])}
+    train = load_split(RunDir(run), "train")  # the pairs prepare kept, cleaned, as the run trained on them
+    files = {"train": (train.src_text, train.tgt_text)}
     for split in ("dev", "test"):
         corpus = read_corpus(getattr(cfg.data, split), split)
         files[split] = (corpus.src, corpus.tgt)
@@ -154,26 +154,29 @@ def build_parser() -> ScriptParser:
                     help="score this run folder instead of training one")
     ap.add_argument("--work", type=OutputFolder(),
                     help="JoeyNMT's folder (default: $ANCHORS_DIR/tatoeba_<direction>)")
+    ap.add_argument("--no-joey", action="store_true", help="attnmt alone: no JoeyNMT (nor its environment)")
     return ap
 
 
 @guarded
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    if not JOEY_PY.exists():
-        raise ConfigError(f"no JoeyNMT environment at {JOEY_PY}: bash {PEERS}/setup.sh")
+    if not JOEY_PY.exists() and not args.no_joey:
+        raise ConfigError(f"no JoeyNMT environment at {JOEY_PY}: bash {PEERS}/setup.sh (or --no-joey)")
     src, tgt = args.direction.split("-")
-    run = args.attnmt_run or REPO / "runs" / f"tatoeba_{src}_{tgt}_transformer"
+    # absolute: attnmt runs in the repository
+    run = (args.attnmt_run or REPO / "runs" / f"tatoeba_{src}_{tgt}_transformer").resolve()
     if args.attnmt_run is None:
         attnmt_train(args.direction, args.minutes, run)
-    info = export(run, args.work or ANCHORS / f"tatoeba_{args.direction}")
-    config = joey_config(info)
-    joey_seconds = joey_train(config, args.minutes)
+    info = export(run, (args.work or ANCHORS / f"tatoeba_{args.direction}").resolve())
+    config = None if args.no_joey else joey_config(info)
+    joey = "JoeyNMT left out" if config is None else \
+        f"JoeyNMT ran {joey_train(config, args.minutes) / 60:.1f}"
     rows = [attnmt_test(info, run, beam) for beam in (1, 5)]
-    rows += [joey_test(info, config, beam) for beam in (1, 5)]
+    rows += [joey_test(info, config, beam) for beam in (1, 5)] if config is not None else []
     for row in rows:
         print("RESULT " + json.dumps(row, ensure_ascii=False), flush=True)
-    print(f"\n{args.direction}, {args.minutes:g} minutes each (JoeyNMT ran {joey_seconds / 60:.1f}):")
+    print(f"\n{args.direction}, {args.minutes:g} minutes each ({joey}):")
     print(f"{'engine':<16}{'beam':>5}{'BLEU':>8}{'chrF':>8}")
     for row in rows:
         print(f"{row['engine']:<16}{row['beam']:>5}{row['bleu']['score']:>8.2f}{row['chrf']['score']:>8.2f}")

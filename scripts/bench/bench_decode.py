@@ -42,12 +42,17 @@ engine on both batchings, and attnmt's Translator / the float32 wrapper. ``--cli
 export and on the checkpoint: wall seconds, start-up included.
 
 Part 3 (``--equal-work --against REV``): the equal-work pass of this tree and of commit REV (checked out
-into a temporary git worktree, whose own ``scripts/bench/bench_decode.py`` runs there) in alternating rounds,
-each a fresh process, the two taking turns to go first; ratios are the median of the per-round ratios,
-as for the peers.
+into a temporary git worktree, whose own benchmark runs there: ``scripts/bench/bench_decode.py``, or the one
+in its ``scripts/`` in a commit from before the benchmarks moved) in alternating rounds, each a fresh
+process, the two taking turns to go first; ratios are the median of the per-round ratios, as for the peers.
 
 Each configuration: one warm-up batch, then the median of ``--runs`` full passes. ``--threads`` (2)
-torch threads everywhere.
+torch threads everywhere. The sentences are ``--data``'s test_2016_flickr.de.gz (default
+``../shared/data/multi30k``), the random-weight model's tokenizer ``--tokenizer`` (default the Multi30k
+run's, ``runs/multi30k_de_en_transformer/tokenizer``; the model's vocabulary is the tokenizer's);
+``--limit N`` takes the first N sentences, ``--beams`` the beam widths (1 and 5), ``--quantizations`` the
+exports (float32 and int8). ``--smoke``, for CI: a 1+1-layer model of width 32 and one call of each of
+``--parts``' pieces (``tests/test_scripts_smoke.py`` runs every part this way on the toy task).
 """
 
 from __future__ import annotations
@@ -71,10 +76,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: script
 from benchlib import REPO, benchmark_in
 from scriptargs import InputFolder, Model, Number, ScriptParser, guarded
 
-from attnmt.errors import ConfigError
+from attnmt.errors import ConfigError, DataError
 
 SHARED = REPO.parent / "shared"
-TEST_DE = SHARED / "data" / "multi30k" / "test_2016_flickr.de.gz"
+DATA = SHARED / "data" / "multi30k"  # --data's default
+TEST_NAME = "test_2016_flickr.de.gz"  # the sentences, in --data
+TOKENIZER = REPO / "runs" / "multi30k_de_en_transformer" / "tokenizer"  # --tokenizer's default
+QUANTIZATIONS = ("float32", "int8")
 
 
 def read_sources(path: Path) -> list[str]:
@@ -118,20 +126,45 @@ def time_search(model, id_batches, beam: int, runs: int, **limits) -> dict:
             "gen_tokens": generated}
 
 
-def trained(paths: list[Path], runs: int, batch_size: int) -> list[dict]:
+@dataclass(frozen=True)
+class Setup:
+    """What the passes read and how they run (the command line's options): the sentences (``--data``'s
+    test_2016_flickr.de.gz), the tokenizer that segments them for the random-weight model, and the sizes."""
+
+    source: Path
+    tokenizer: Path
+    batch_size: int = 64
+    length: int = 30
+    threads: int = 2
+    limit: int | None = None  # the first N sentences
+    zero_bos: bool = False
+    beams: tuple[int, ...] = (1, 5)
+    quantizations: tuple[str, ...] = QUANTIZATIONS  # the CTranslate2 exports (--ct2)
+    smoke: bool = False  # a 1+1-layer model of width 32 (CI's smoke run)
+
+    def options(self) -> list[str]:
+        """The options that give a child process this set-up."""
+        found = ["--data", str(self.source.parent), "--tokenizer", str(self.tokenizer), "--threads",
+                 str(self.threads), "--length", str(self.length), "--batch-size", str(self.batch_size),
+                 "--beams", *map(str, self.beams), "--quantizations", *self.quantizations]
+        flags = [flag for flag, on in (("--zero-bos", self.zero_bos), ("--smoke", self.smoke)) if on]
+        return found + (["--limit", str(self.limit)] if self.limit else []) + flags
+
+
+def trained(paths: list[Path], runs: int, setup: Setup) -> list[dict]:
     from attnmt import fastpath
     from attnmt.checkpoint import load_model
     from attnmt.data import clean
 
     rows = []
-    lines = read_sources(TEST_DE)
+    lines = read_sources(setup.source)[:setup.limit]
     for path in paths:
         model, tokenizer, cfg, ckpt = load_model(path)
         fastpath.apply(model)  # as the decoding commands do
         ids = tokenizer.encode_src([clean(x) for x in lines])
-        batches = [ids[i : i + batch_size] for i in range(0, len(ids), batch_size)]
+        batches = [ids[i : i + setup.batch_size] for i in range(0, len(ids), setup.batch_size)]
         d = cfg.decode
-        for beam in (1, 5):
+        for beam in setup.beams:
             result = time_search(model, batches, beam, runs, max_len_a=d.max_len_a, max_len_b=d.max_len_b)
             rows.append({"engine": f"attnmt {cfg.model.arch} ({ckpt.name})", **result})
             print("RESULT " + json.dumps(rows[-1]), flush=True)
@@ -152,8 +185,9 @@ class Work:
     batches: list[list[list[int]]]
 
 
-def equal_work_setup(batch_size: int, limit: int | None = None, zero_bos: bool = False) -> Work:
-    """With ``zero_bos``, BOS's row of the (tied) embedding is zeroed: a random tied model otherwise copies
+def equal_work_setup(setup: Setup) -> Work:
+    """The model's vocabulary is the tokenizer's (the Multi30k one: 8,000 pieces, joint). With
+    ``setup.zero_bos``, BOS's row of the (tied) embedding is zeroed: a random tied model otherwise copies
     the BOS it starts from into every output position (attnmt's search never outputs BOS, so its work is
     the same either way; ``Ct2Translator`` decodes every such output a second time with BOS suppressed)."""
     import torch
@@ -164,30 +198,31 @@ def equal_work_setup(batch_size: int, limit: int | None = None, zero_bos: bool =
     from attnmt.models import build_model
     from attnmt.tokenizer import BOS_ID, load_tokenizer
 
+    if not setup.tokenizer.exists():  # any 8,000-piece segmentation of similar length does the same work
+        sys.exit(f"no Multi30k tokenizer at {setup.tokenizer}: "
+                 "run attnmt prepare configs/multi30k_de_en_transformer.yaml")
+    tokenizer = load_tokenizer(setup.tokenizer)
     torch.manual_seed(0)
-    cfg = TransformerConfig(arch="transformer", d_model=256, n_heads=4, enc_layers=3, dec_layers=3, d_ff=1024,
-                            dropout=0.1, share_embeddings=True, tie_output=True)
-    model = build_model(cfg, 8000, 8000).eval()
-    if zero_bos:
+    sizes = dict(d_model=32, n_heads=2, enc_layers=1, dec_layers=1, d_ff=64) if setup.smoke else \
+        dict(d_model=256, n_heads=4, enc_layers=3, dec_layers=3, d_ff=1024)
+    cfg = TransformerConfig(arch="transformer", **sizes, dropout=0.1, share_embeddings=True, tie_output=True)
+    model = build_model(cfg, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size).eval()
+    if setup.zero_bos:
         with torch.no_grad():
             model.src_embed.weight[BOS_ID].zero_()  # shared with tgt_embed and the output projection
     state = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
     fastpath.apply(model)  # as the decoding commands do
-    tokenizer_dir = REPO / "runs" / "multi30k_de_en_transformer" / "tokenizer"
-    lines = read_sources(TEST_DE)[:limit]
-    if not tokenizer_dir.exists():  # any 8,000-piece segmentation of similar length does the same work
-        sys.exit(f"no Multi30k tokenizer at {tokenizer_dir}: "
-                 "run attnmt prepare configs/multi30k_de_en_transformer.yaml")
-    tokenizer = load_tokenizer(tokenizer_dir)
+    lines = read_sources(setup.source)[:setup.limit]
     ids = tokenizer.encode_src([clean(x) for x in lines])
-    batches = [ids[i : i + batch_size] for i in range(0, len(ids), batch_size)]
+    size = setup.batch_size
+    batches = [ids[i : i + size] for i in range(0, len(ids), size)]
     return Work(model, cfg, state, tokenizer, lines, ids, batches)
 
 
-def equal_work(runs: int, batch_size: int, length: int, limit: int | None = None) -> list[dict]:
-    work = equal_work_setup(batch_size, limit)
+def equal_work(runs: int, setup: Setup) -> list[dict]:
+    work, length = equal_work_setup(setup), setup.length
     rows = []
-    for beam in (1, 5):
+    for beam in setup.beams:
         result = time_search(work.model, work.batches, beam, runs, max_len_a=0.0, max_len_b=length,
                              min_len=length)
         # exactly `length` tokens, EOS forced after
@@ -204,7 +239,7 @@ CT2_RAW = "CTranslate2 {} (raw)"
 CT2_OURS = "attnmt -> CTranslate2 {}"
 CT2_RAW_SORTED = "CTranslate2 {} (raw, the wrapper's batches)"
 OURS_TRANSLATOR = "attnmt Translator (random weights)"
-CLI_CT2 = "CLI: attnmt translate EXPORT int8"
+CLI_CT2 = "CLI: attnmt translate EXPORT {}"
 CLI_CKPT = "CLI: attnmt translate CKPT"
 
 
@@ -218,7 +253,7 @@ class Pass:
     run: Callable[[bool], int]
 
 
-def random_checkpoint(work: Work, path: Path, length: int) -> None:
+def random_checkpoint(work: Work, path: Path, length: int, source: Path) -> None:
     """The random-weight model as a checkpoint file at ``path``: what ``checkpoint.load_model`` reads
     (config, tokenizer fingerprint and bytes, weights), with a decode section that forces ``length``
     tokens (so that ``attnmt translate`` on it or on its export does the equal work), checked by loading
@@ -229,8 +264,8 @@ def random_checkpoint(work: Work, path: Path, length: int) -> None:
     from attnmt.config import config_from_dict
 
     data = {
-        "data": {"src_lang": "de", "tgt_lang": "en", "train": {"src": str(TEST_DE), "tgt": str(TEST_DE)}},
-        "tokenizer": {"model_type": "unigram", "joint": True, "vocab_size": 8000},
+        "data": {"src_lang": "de", "tgt_lang": "en", "train": {"src": str(source), "tgt": str(source)}},
+        "tokenizer": {"model_type": "unigram", "joint": True, "vocab_size": work.tokenizer.src_vocab_size},
         "model": work.model_cfg.model_dump(mode="json"),
         "train": {"run_dir": str(path.parent / "run")},
         "decode": {"beam_size": 5, "nbest": 1, "length_penalty": 1.0, "min_len": length, "max_len_a": 0.0,
@@ -274,14 +309,14 @@ def ct2_raw_pass(translator, piece_batches, beam: int, length: int) -> int:
     return generated
 
 
-def ct2_setup(work: Work, tmp: Path, length: int) -> tuple[Path, dict[str, Path]]:
-    """The random-weight checkpoint and its float32 and int8 exports in ``tmp`` (made once; the
+def ct2_setup(work: Work, tmp: Path, setup: Setup) -> tuple[Path, dict[str, Path]]:
+    """The random-weight checkpoint and its exports (float32 and int8) in ``tmp`` (made once; the
     processes that time them find them there)."""
     from attnmt.ctranslate import export_ctranslate2
 
-    ckpt, folders = tmp / "random.pt", {q: tmp / f"ct2_{q}" for q in ("float32", "int8")}
+    ckpt, folders = tmp / "random.pt", {q: tmp / f"ct2_{q}" for q in setup.quantizations}
     if not ckpt.exists():
-        random_checkpoint(work, ckpt, length)
+        random_checkpoint(work, ckpt, setup.length, setup.source)
         for quantization, folder in folders.items():
             start = time.perf_counter()
             export_ctranslate2(ckpt, folder, quantization)
@@ -289,14 +324,13 @@ def ct2_setup(work: Work, tmp: Path, length: int) -> tuple[Path, dict[str, Path]
     return ckpt, folders
 
 
-def ct2_engines() -> list[tuple[str, int]]:
+def ct2_engines(setup: Setup) -> list[tuple[str, int]]:
     """(engine, beam) of every CTranslate2 pass, in the order of a round."""
-    return [(name.format(q), beam) for q in ("float32", "int8") for beam in (1, 5)
-            for name in (CT2_RAW, CT2_OURS, CT2_RAW_SORTED)] + [(OURS_TRANSLATOR, 1), (OURS_TRANSLATOR, 5)]
+    return [(name.format(q), beam) for q in setup.quantizations for beam in setup.beams
+            for name in (CT2_RAW, CT2_OURS, CT2_RAW_SORTED)] + [(OURS_TRANSLATOR, b) for b in setup.beams]
 
 
-def ct2_pass(work: Work, tmp: Path, length: int, threads: int, batch_size: int, engine: str,
-             beam: int) -> Pass:
+def ct2_pass(work: Work, tmp: Path, setup: Setup, engine: str, beam: int) -> Pass:
     """One CTranslate2 engine (or attnmt's Translator) at one beam width on the random weights of
     ``ct2_setup``. Each runs in a process of its own: CTranslate2 brings its own OpenMP runtime, whose
     idle threads keep spinning after a call and slow whatever else the process then runs (attnmt's
@@ -309,8 +343,10 @@ def ct2_pass(work: Work, tmp: Path, length: int, threads: int, batch_size: int, 
     from attnmt.ctranslate import Ct2Translator, read_export
     from attnmt.translator import DecodeOverrides, Translator
 
-    _, folders = ct2_setup(work, tmp, length)
-    quantization = "int8" if "int8" in engine else "float32"
+    length, threads, size = setup.length, setup.threads, setup.batch_size
+    _, folders = ct2_setup(work, tmp, setup)
+    # a CTranslate2 engine's own export; attnmt's Translator reads only the decode settings of the first
+    quantization = next((q for q in folders if q in engine), next(iter(folders)))
     folder = folders[quantization]
     _, cfg, _ = export = read_export(folder)
     decode = DecodeOverrides(beam_size=beam, nbest=1).apply(cfg.decode, work.tokenizer.tgt_vocab_size)
@@ -319,7 +355,7 @@ def ct2_pass(work: Work, tmp: Path, length: int, threads: int, batch_size: int, 
         own = Translator(work.model, work.tokenizer, decode)
 
         def translated(warm: bool) -> int:
-            todo = work.lines[:batch_size] if warm else work.lines
+            todo = work.lines[:size] if warm else work.lines
             with torch.inference_mode():
                 assert len(own.translate(todo)) == len(todo)
             return length * len(todo)
@@ -329,7 +365,7 @@ def ct2_pass(work: Work, tmp: Path, length: int, threads: int, batch_size: int, 
         translator = Ct2Translator(folder, decode, threads=threads, export=export)
 
         def wrapped(warm: bool) -> int:
-            todo = work.lines[:batch_size] if warm else work.lines
+            todo = work.lines[:size] if warm else work.lines
             out = translator.translate(todo)
             assert len(out) == len(todo)
             return length * len(todo)  # checked by ct2_check through .search
@@ -342,7 +378,8 @@ def ct2_pass(work: Work, tmp: Path, length: int, threads: int, batch_size: int, 
     else:
         # The wrapper's own batches (sorted by length, decode.max_tokens), as pieces: what is left
         # between the two is the wrapper's own cost (cleaning, encoding, detokenising, its Python).
-        ids = Ct2Translator.encode(translator_like(work, decode), work.lines).ids
+        # Ct2Translator encodes as Translator does: its own method, not a stand-in that can fall behind.
+        ids = Translator(work.model, work.tokenizer, decode).encode(work.lines).ids
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
         batches = [[work.tokenizer.src_pieces(ids[i]) for i in chunk]
                    for chunk in token_batches([len(x) + 1 for x in ids], order, decode.max_tokens,
@@ -350,14 +387,7 @@ def ct2_pass(work: Work, tmp: Path, length: int, threads: int, batch_size: int, 
     return Pass(engine, beam, lambda warm: ct2_raw_pass(raw, batches[:1] if warm else batches, beam, length))
 
 
-def translator_like(work: Work, decode):
-    """What ``Translator.encode`` needs (a tokenizer and decode settings), without a model."""
-    from types import SimpleNamespace
-
-    return SimpleNamespace(tokenizer=work.tokenizer, decode=decode)
-
-
-def ct2_check(work: Work, tmp: Path, length: int, threads: int) -> None:
+def ct2_check(work: Work, tmp: Path, setup: Setup) -> None:
     """Outside the timing, in a process of its own: each wrapper's outputs are exactly ``length``
     tokens, how many sentences it decodes a second time (outputs holding PAD or BOS, or past their own
     limit), and whether its greedy outputs are attnmt's on the first batch."""
@@ -368,7 +398,8 @@ def ct2_check(work: Work, tmp: Path, length: int, threads: int) -> None:
     from attnmt.decode import greedy_search
     from attnmt.translator import DecodeOverrides
 
-    _, folders = ct2_setup(work, tmp, length)
+    length = setup.length
+    _, folders = ct2_setup(work, tmp, setup)
     with torch.inference_mode():
         first = collate(work.batches[0])
         ours = [h.tokens for h in greedy_search(work.model, first.src, first.src_mask, max_len_a=0.0,
@@ -376,9 +407,9 @@ def ct2_check(work: Work, tmp: Path, length: int, threads: int) -> None:
     n = len(work.lines)
     for quantization, folder in folders.items():
         export = read_export(folder)
-        for beam in (1, 5):
+        for beam in setup.beams:
             decode = DecodeOverrides(beam_size=beam).apply(export[1].decode, work.tokenizer.tgt_vocab_size)
-            translator = Ct2Translator(folder, decode, threads=threads, export=export)
+            translator = Ct2Translator(folder, decode, threads=setup.threads, export=export)
             decoded: list[int] = []
             run = translator._run
 
@@ -410,27 +441,31 @@ def child_command(args: list[str]) -> list[str]:
     return [sys.executable, str(Path(__file__).resolve()), *args]
 
 
-def cli_runs(ckpt: Path, export: Path, src: Path) -> list[tuple[str, int, list[str]]]:
-    """``attnmt translate`` as a user runs it, start-up included: on the int8 export and on the
-    checkpoint, beam 1 and 5 (the decode section forces the equal work)."""
+def cli_runs(ckpt: Path, folders: dict[str, Path], src: Path,
+             beams: tuple[int, ...]) -> list[tuple[str, int, list[str]]]:
+    """``attnmt translate`` as a user runs it, start-up included: on the int8 export (the other one when
+    there is no int8) and on the checkpoint, beam 1 and 5 (the decode section forces the equal work)."""
     attnmt = Path(sys.executable).parent / "attnmt"
     base = [str(attnmt)] if attnmt.exists() else [sys.executable, "-m", "attnmt"]
+    quantization = "int8" if "int8" in folders else next(iter(folders))
     return [(name, beam, [*base, "translate", str(model), "-i", str(src), "-o", "/dev/null",
                           "--beam-size", str(beam), "--device", "cpu"])
-            for name, model in ((CLI_CT2, export), (CLI_CKPT, ckpt)) for beam in (1, 5)]
+            for name, model in ((CLI_CT2.format(quantization), folders[quantization]), (CLI_CKPT, ckpt))
+            for beam in beams]
 
 
-def parts(reps: int) -> list[dict]:
+def parts(reps: int, calls: int = 20) -> list[dict]:
     """The pieces the decoder chose against what they replace, side by side in this process, at the
     equal-work sizes (batch 64 x beam 5 = 320 rows, d_model 256, 4 heads, 16 cached positions, 20
-    source pieces): median microseconds per call over ``reps`` rounds, alternating the two."""
+    source pieces): median microseconds per call (of ``calls``) over ``reps`` rounds, alternating the
+    two."""
     import torch
     import torch.nn.functional as F
 
     from attnmt.fastpath import PackedLinear
     from attnmt.kernels import math_attention, sdpa_attention
 
-    def timed(fn, calls: int = 20) -> float:
+    def timed(fn) -> float:
         fn()
         start = time.perf_counter()
         for _ in range(calls):
@@ -500,9 +535,8 @@ def ratio_line(per_round: list[dict], beam: int, ours: str, theirs: str) -> None
                                  "rounds": [round(x, 3) for x in ratios]}), flush=True)
 
 
-def interleaved(rounds: int, batch_size: int, length: int, threads: int, with_peers: bool = True,
-                ct2: bool = False, cli: bool = False, limit: int | None = None,
-                zero_bos: bool = False) -> list[dict]:
+def interleaved(rounds: int, setup: Setup, with_peers: bool = True, ct2: bool = False,
+                cli: bool = False) -> list[dict]:
     """attnmt and the other engines in alternation: each round times one pass of every engine (attnmt
     here; with ``ct2`` the CTranslate2 engines here too, in the reverse order every other round; then,
     with ``with_peers``, the peers' script with ``--runs 1``), so a slow spell on the shared machine falls
@@ -513,8 +547,8 @@ def interleaved(rounds: int, batch_size: int, length: int, threads: int, with_pe
 
     import torch
 
-    work = equal_work_setup(batch_size, limit, zero_bos)
-    n = len(work.lines)
+    work = equal_work_setup(setup)
+    n, length, threads, batch_size = len(work.lines), setup.length, setup.threads, setup.batch_size
     limits = {"max_len_a": 0.0, "max_len_b": length, "min_len": length}
 
     def ours(warm: bool, beam: int) -> int:
@@ -523,7 +557,7 @@ def interleaved(rounds: int, batch_size: int, length: int, threads: int, with_pe
         assert warm or generated == length * n, generated  # exactly `length` tokens, EOS forced after
         return generated
 
-    passes = [Pass(OURS, beam, lambda warm, beam=beam: ours(warm, beam)) for beam in (1, 5)]
+    passes = [Pass(OURS, beam, lambda warm, beam=beam: ours(warm, beam)) for beam in setup.beams]
     per_round: list[dict[tuple[str, int], dict]] = []
     cli_walls: list[dict[tuple[str, int], float]] = []
     with tempfile.TemporaryDirectory(prefix="attnmt-bench-ct2-") as tmp:
@@ -531,20 +565,18 @@ def interleaved(rounds: int, batch_size: int, length: int, threads: int, with_pe
         if ct2:
             # Every pass in a process of its own (``ct2_pass``), attnmt's too, so that no engine runs
             # beside another's idle threads; the checks in one more.
-            ckpt, folders = ct2_setup(work, Path(tmp), length)
-            common = ["--equal-work", "--ct2", "--threads", str(threads), "--length", str(length),
-                      "--batch-size", str(batch_size), "--child-dir", tmp]
-            common += (["--limit", str(limit)] if limit else []) + (["--zero-bos"] if zero_bos else [])
+            ckpt, folders = ct2_setup(work, Path(tmp), setup)
+            common = ["--equal-work", "--ct2", *setup.options(), "--child-dir", tmp]
             check = subprocess.run(child_command([*common, "--child", "check"]), capture_output=True,
                                    text=True)
             if check.returncode:
                 sys.exit(f"the checks failed:\n{check.stdout[-2000:]}\n{check.stderr[-2000:]}")
             print(check.stdout.strip(), flush=True)
-            engines += ct2_engines()
+            engines += ct2_engines(setup)
             if cli:
                 src = Path(tmp) / "src.de"
                 src.write_text("".join(line + "\n" for line in work.lines), encoding="utf-8")
-                commands = cli_runs(ckpt, folders["int8"], src)
+                commands = cli_runs(ckpt, folders, src, setup.beams)
         for r in range(rounds):
             found = {}
             for engine, beam in engines if r % 2 == 0 else engines[::-1]:
@@ -587,7 +619,7 @@ def interleaved(rounds: int, batch_size: int, length: int, threads: int, with_pe
                      "median_s": statistics.median(found[key]["median_s"] for found in per_round),
                      "rounds_sents_per_s": rates})
         print("RESULT " + json.dumps(rows[-1]), flush=True)
-    for beam in (1, 5):
+    for beam in setup.beams:
         if with_peers:
             for engine, b in per_round[0]:
                 if b == beam and engine != OURS and not engine.startswith(("CTranslate2 ", "attnmt -> ")):
@@ -677,8 +709,17 @@ def build_parser() -> ScriptParser:
     ap.add_argument("--zero-bos", action="store_true",
                     help="with --ct2: zero BOS's (tied) embedding row, so that the random model does not "
                     "output BOS and Ct2Translator decodes nothing twice")
-    # first N sentences (smoke runs)
-    ap.add_argument("--limit", type=Number(int, low=1), help=argparse.SUPPRESS)
+    ap.add_argument("--data", type=InputFolder(),
+                    help=f"the folder of test_2016_flickr.de.gz, the sentences (default: {DATA})")
+    ap.add_argument("--tokenizer", type=InputFolder(),
+                    help=f"the tokenizer folder of the random-weight model (default: {TOKENIZER})")
+    ap.add_argument("--beams", type=Number(int, low=1), nargs="+", default=[1, 5], help="beam widths")
+    ap.add_argument("--quantizations", nargs="+", choices=QUANTIZATIONS, default=list(QUANTIZATIONS),
+                    help="with --ct2: the exports")
+    ap.add_argument("--smoke", action="store_true",
+                    help="CI's smoke run (its numbers mean nothing): the random-weight model 1+1 layers of "
+                    "width 32, --parts one call of each piece, once")
+    ap.add_argument("--limit", type=Number(int, low=1), help="the first N sentences only")
     ap.add_argument("--child", help=argparse.SUPPRESS)  # with --ct2: one pass "ENGINE@BEAM", or "check"
     # where ct2_setup wrote the models
     ap.add_argument("--child-dir", type=InputFolder(), help=argparse.SUPPRESS)
@@ -697,12 +738,18 @@ def build_parser() -> ScriptParser:
 
 def check_together(args) -> None:
     """The options that only go with others."""
-    if (args.ct2 or args.limit) and not args.equal_work:
-        raise ConfigError("--ct2 and --limit go with --equal-work")
+    if args.ct2 and not args.equal_work:
+        raise ConfigError("--ct2 goes with --equal-work")
+    if args.limit and not (args.equal_work or args.models):
+        raise ConfigError("--limit goes with --equal-work or --models")
     if (args.cli or args.zero_bos) and not args.ct2:
         raise ConfigError("--cli and --zero-bos go with --ct2")
     if args.limit and (args.peers or args.against):
         raise ConfigError("--limit: the peers and --against always do all the sentences")
+    if args.against and (args.data or args.tokenizer):
+        raise ConfigError("--against: both trees read the default --data and --tokenizer")
+    if args.data and not (args.data / TEST_NAME).is_file():
+        raise DataError(f"--data {args.data}: no {TEST_NAME} in it")
 
 
 @guarded
@@ -719,12 +766,15 @@ def main(argv: list[str] | None = None) -> None:
     print(f"malloc tuning: {'on' if tuned else 'off'}", flush=True)
     if args.parts:
         print(f"\n{'part':<46}{'old':>32}{'us':>8}{'new':>32}{'us':>8}{'speedup':>9}")
-        for r in parts(max(args.runs, 5)):
+        for r in parts(1, 1) if args.smoke else parts(max(args.runs, 5)):
             print(f"{r['part']:<46}{r['old']:>32}{r['old_us']:>8}{r['new']:>32}{r['new_us']:>8}{r['speedup']:>8.2f}x")
+    setup = Setup((args.data or DATA) / TEST_NAME, args.tokenizer or TOKENIZER, args.batch_size, args.length,
+                  args.threads, args.limit, args.zero_bos, tuple(args.beams), tuple(args.quantizations),
+                  args.smoke)
     if args.child:  # one pass of --ct2's rounds, in a process of its own (see interleaved)
-        work = equal_work_setup(args.batch_size, args.limit, args.zero_bos)
+        work = equal_work_setup(setup)
         if args.child == "check":
-            ct2_check(work, args.child_dir, args.length, args.threads)
+            ct2_check(work, args.child_dir, setup)
             return
         engine, beam = args.child.rsplit("@", 1)
         if engine == OURS:
@@ -737,19 +787,17 @@ def main(argv: list[str] | None = None) -> None:
 
             one = Pass(OURS, int(beam), ours)
         else:
-            one = ct2_pass(work, args.child_dir, args.length, args.threads, args.batch_size, engine,
-                           int(beam))
+            one = ct2_pass(work, args.child_dir, setup, engine, int(beam))
         print("PASS " + json.dumps(run_pass(one, len(work.lines))), flush=True)
         return
     if args.equal_work and args.against:
         against(args.against, args.runs, args.threads)
         return
-    rows = trained(args.models, args.runs, args.batch_size) if args.models else []
+    rows = trained(args.models, args.runs, setup) if args.models else []
     if args.equal_work and not (args.peers or args.ct2):
-        rows += equal_work(args.runs, args.batch_size, args.length, args.limit)
+        rows += equal_work(args.runs, setup)
     if args.equal_work and (args.peers or args.ct2):
-        rows += interleaved(args.runs, args.batch_size, args.length, args.threads, args.peers, args.ct2,
-                            args.cli, args.limit, args.zero_bos)
+        rows += interleaved(args.runs, setup, args.peers, args.ct2, args.cli)
     if not rows:
         return
     print(f"\n{'engine':<44}{'beam':>5}{'sent/s':>9}{'tok/s':>10}{'median s':>10}")

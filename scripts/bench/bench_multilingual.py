@@ -7,9 +7,11 @@ trained ``--minutes`` x pairs, all from the same base config (its model and trai
     python scripts/bench/bench_multilingual.py --data ../shared/data/multi30k --pairs de-en de-fr en-fr \\
         --minutes 5 --run-root ../runs/bench_multilingual
 
-The runs go one after the other (give the machine to them alone); a run folder that exists is continued,
-so an interrupted benchmark goes on where it stopped. The single-pair models keep the base config's
-vocabulary size; the multilingual one has one joint tokenizer over every language.
+The runs go one after the other (give the machine to them alone); a run folder that exists is continued, so an
+interrupted benchmark goes on where it stopped. The single-pair models keep the base config's vocabulary size;
+the multilingual one has one joint tokenizer over every language. ``--smoke`` is CI's smoke run
+(``tests/test_scripts_smoke.py``), its numbers meaningless: the base's smallest model and a 100-piece
+vocabulary (``benchlib.smoke_config``), each training a few steps instead of ``--minutes``.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: scriptargs and the tools
 
-from benchlib import REPO, attnmt, eval_scores, run_main, save_rows
+from benchlib import REPO, attnmt, eval_scores, run_main, save_rows, smoke_config
 from scriptargs import (
     ConfigFile,
     InputFolder,
@@ -45,9 +47,10 @@ def corpus(data: Path, split: str, src: str, tgt: str, langs: bool = True) -> di
 
 
 def write_config(base: dict, root: Path, name: str, pairs: list[tuple[str, str]], data: Path,
-                 minutes: float) -> Path:
+                 minutes: float, smoke: bool = False) -> Path:
     """The base config with ``pairs`` as its training corpora (a single pair: a plain one-corpus config),
-    the first pair's dev and test sets, and ``minutes`` of training."""
+    the first pair's dev and test sets, and ``minutes`` of training (``smoke``: a few steps of its smallest
+    model, ``benchlib.smoke_config``)."""
     config = json.loads(json.dumps(base))
     (src, tgt), single = pairs[0], len(pairs) == 1
     config["data"].update(src_lang=src, tgt_lang=tgt, dev=corpus(data, "val", src, tgt, False),
@@ -58,6 +61,7 @@ def write_config(base: dict, root: Path, name: str, pairs: list[tuple[str, str]]
         config["tokenizer"]["vocab_size"] = 8000  # the single-pair recipe's
     config["train"].update(max_minutes=minutes, max_epochs=1_000_000, max_steps=0,
                            run_dir=str(root / name))
+    config = smoke_config(config) if smoke else config
     path = root / f"{name}.json"
     path.write_text(json.dumps(config, indent=1), encoding="utf-8")
     return path
@@ -88,6 +92,8 @@ def build_parser() -> ScriptParser:
     parser.add_argument("--base", type=ConfigFile(), default=BASE)
     parser.add_argument("--run-root", type=OutputFolder(), default=REPO / "runs" / "bench_multilingual")
     parser.add_argument("--json", type=OutputFile(), help="Write the results here too.")
+    parser.add_argument("--smoke", action="store_true", help="CI's smoke run (its numbers mean nothing): the "
+                        "base's smallest model and a 100-piece vocabulary, a few steps instead of --minutes")
     parser.checks.append(check_data)
     return parser
 
@@ -108,12 +114,12 @@ def main(argv: list[str] | None = None) -> None:
     root, data = args.run_root.resolve(), args.data.resolve()
     root.mkdir(parents=True, exist_ok=True)
     base = yaml.safe_load(args.base.read_text(encoding="utf-8"))
-    multi = write_config(base, root, "multilingual", pairs, data, args.minutes * len(pairs))
+    multi = write_config(base, root, "multilingual", pairs, data, args.minutes * len(pairs), args.smoke)
     attnmt("train", multi)
     rows = []
     for src, tgt in pairs:
         name = f"{src}-{tgt}"
-        single = write_config(base, root, name, [(src, tgt)], data, args.minutes)
+        single = write_config(base, root, name, [(src, tgt)], data, args.minutes, args.smoke)
         attnmt("train", single)
         rows.append({"pair": name, "single": score(root / name, data, src, tgt),
                      "multilingual": score(root / "multilingual", data, src, tgt),

@@ -32,9 +32,11 @@ from attnmt.errors import ConfigError, DataError
 
 
 def align(run: Path, src: Path, tgt: Path, out: Path) -> float:
+    """``attnmt align`` in the repository, the paths made absolute: its wall seconds."""
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "attnmt", "align", str(run), "--src", str(src), "--tgt",
-                           str(tgt), "-o", str(out)], cwd=REPO, capture_output=True, text=True)
+    command = [sys.executable, "-m", "attnmt", "align", str(run.resolve()), "--src", str(src.resolve()),
+               "--tgt", str(tgt.resolve()), "-o", str(out.resolve())]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
     if done.returncode != 0:  # attnmt's own error line and exit code
         sys.stderr.write(done.stderr)
         sys.exit(done.returncode)

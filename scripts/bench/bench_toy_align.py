@@ -6,9 +6,11 @@ scored through the command line, as a user runs it.
     python scripts/bench/bench_toy_align.py --out runs/bench_toy_align
 
 Trains ``configs/toy_transformer.yaml`` (unguided), ``configs/toy_transformer_guided.yaml`` (guided) and,
-for ``--reverse``, the unguided recipe in the other direction (German to English, the same toy pairs
+unless ``--no-reverse``, the unguided recipe in the other direction (German to English, the same toy pairs
 written out by ``attnmt toy-data``), unless the run folders under ``--out`` already hold a finished run.
-Prints a markdown table and writes ``--out/toy_align.json``.
+Prints a markdown table and writes ``--out/toy_align.json``. ``--smoke`` is CI's smoke run
+(``tests/test_scripts_smoke.py``), its numbers meaningless: 200/20/20 toy pairs, the recipes' smallest model
+(with their two decoder layers) for a few steps, one reading of each model.
 
 With ``--sources`` it also measures where the alignments of a real corpus (one without gold) could come from
 for guided training: the guided recipe is trained again on the toy training pairs aligned (a) by the
@@ -30,9 +32,11 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: scriptargs and the tools
 
-from benchlib import REPO
+from benchlib import REPO, smoke_settings
 from eflomal_align import align_words, corpus_words, symmetrized, write_links
 from scriptargs import OutputFolder, ScriptParser, guarded, require_module
+
+from attnmt.errors import ConfigError
 
 ATTNMT = [sys.executable, "-m", "attnmt"]
 
@@ -42,12 +46,25 @@ def run(*args, **kwargs) -> subprocess.CompletedProcess:
                           **kwargs)
 
 
-def train(config: Path, run_dir: Path) -> float:
+SIZES = {"train": 10000, "dev": 300, "test": 300}  # the recipes' toy splits
+SMOKE_SIZES = {"train": 200, "dev": 20, "test": 20}
+
+
+def smoke_sets(toy: bool) -> list[str]:
+    """``--smoke``'s overrides of a recipe: its smallest model with the recipe's two decoder layers (the
+    guided recipe teaches layer 2), a few steps and, on the toy task itself (``toy``), small splits."""
+    settings = {**smoke_settings("transformer"), "model.enc_layers": 2, "model.dec_layers": 2}
+    if toy:
+        settings.update({f"data.{split}.size": size for split, size in SMOKE_SIZES.items()})
+    return [word for key, value in settings.items() for word in ("--set", f"{key}={value}")]
+
+
+def train(config: Path, run_dir: Path, *sets: str) -> float:
     """Train unless finished already; the minutes it took (0 when reused)."""
     if (run_dir / "checkpoints" / "best.pt").exists() or list(run_dir.glob("checkpoints/step_*.pt")):
         return 0.0
     started = time.perf_counter()
-    run("train", config, "--run-dir", run_dir)
+    run("train", config, "--run-dir", run_dir, *sets)
     return (time.perf_counter() - started) / 60
 
 
@@ -140,7 +157,16 @@ def build_parser() -> ScriptParser:
                         help="also train guided on attnmt's and eflomal's alignments (needs attnmt[align])")
     parser.add_argument("--sources-only", action="store_true",
                         help="only the --sources stage, on the runs already in --out")
+    parser.add_argument("--smoke", action="store_true",
+                        help="CI's smoke run (its numbers mean nothing): 200/20/20 toy pairs, the recipes' "
+                        "smallest two-layer model for a few steps, the first reading of each model only")
+    parser.checks.append(check_smoke)
     return parser
+
+
+def check_smoke(args) -> None:
+    if args.smoke and (args.sources or args.sources_only):
+        raise ConfigError("--smoke: not with --sources (its trainings are the recipes' own)")
 
 
 @guarded
@@ -156,13 +182,16 @@ def main(argv: list[str] | None = None) -> None:
         found = sources(out, data, plain, None if args.no_reverse else reverse)
         print_sources(found)
         return
+    sizes = SMOKE_SIZES if args.smoke else SIZES
     if not (data / "test.align").exists():
         # The same generator and seed as the recipes' toy splits: train 10,000, dev 300, test 300.
-        run("toy-data", data, "--train-size", 10000, "--dev-size", 300, "--test-size", 300)
-    minutes = {"unguided": train(REPO / "configs" / "toy_transformer.yaml", plain),
-               "guided": train(REPO / "configs" / "toy_transformer_guided.yaml", guided)}
+        run("toy-data", data, *(word for split in sizes for word in (f"--{split}-size", sizes[split])))
+    sets = smoke_sets(toy=True) if args.smoke else []
+    minutes = {"unguided": train(REPO / "configs" / "toy_transformer.yaml", plain, *sets),
+               "guided": train(REPO / "configs" / "toy_transformer_guided.yaml", guided, *sets)}
     if not args.no_reverse:
-        minutes["reverse"] = train(reverse_config(out, data), reverse)
+        minutes["reverse"] = train(reverse_config(out, data), reverse, *(smoke_sets(toy=False) if args.smoke
+                                                                         else []))
 
     readings = [
         ("unguided", plain, "default (every layer and head, mutual argmax)", []),
@@ -182,6 +211,9 @@ def main(argv: list[str] | None = None) -> None:
         for method in ("intersection", "grow-diag", "grow-diag-final-and", "union"):
             readings.append(("unguided", plain, f"with the de-en model, argmax each way, {method}",
                              ["--reverse", reverse, "--method", "argmax", "--symmetrize", method]))
+    if args.smoke:  # one reading of each model: the first, and the first with the de-en model
+        readings = [readings[0], next(r for r in readings if r[0] == "guided"),
+                    *[r for r in readings if "--reverse" in r[3]][:1]]
     rows = []
     for recipe, model, what, options in readings:
         found = score(model, data, *options)

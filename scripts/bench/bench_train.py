@@ -10,12 +10,14 @@
                                                         # this checkout against another, alternating
 
 For each recipe, in a fresh child process: prepare the data (not timed), run 5 warm-up steps, then time
-``--steps`` optimizer steps and report source + target non-pad tokens per second, target tokens per
-second, peak resident memory, and model FLOP utilisation: the FLOPs of one measured training step
-(``torch.utils.flop_counter.FlopCounterMode``, forward + backward) times steps per second, over the
-matmul peak of the precision used (fp32 or bf16), measured in the same run (``torch.mm`` on 2048 x 2048,
-as ``../shared/peers/matmul_peak.py`` does). JoeyNMT runs the peers' configs (same dims, batch 4096
-tokens) under ``../shared/peers/run_joey.sh`` and its logged target tokens/s is compared with ours.
+``--steps`` optimizer steps and report source + target non-pad tokens per second, target tokens per second,
+peak resident memory, and model FLOP utilisation: the FLOPs of one measured training step
+(``torch.utils.flop_counter.FlopCounterMode``, forward + backward) times steps per second, over the matmul
+peak of the precision used (fp32 or bf16), measured in the same run (``torch.mm`` on 2048 x 2048, as
+``../shared/peers/matmul_peak.py`` does). JoeyNMT runs the peers' configs (same dims, batch 4096 tokens) under
+``../shared/peers/run_joey.sh`` and its logged target tokens/s is compared with ours. ``--smoke`` is CI's
+smoke run (``tests/test_scripts_smoke.py``), its numbers meaningless: each recipe's smallest model and a
+100-piece vocabulary, the matmul peak on 128 x 128, ``--parts`` each piece once at the smallest sizes.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: scriptargs and the tools
 
-from benchlib import REPO, benchmark_in
+from benchlib import REPO, benchmark_in, smoke_settings
 from scriptargs import InputFolder, Number, ScriptParser, guarded
 
 from attnmt.errors import DataError
@@ -45,13 +47,12 @@ RECIPES = {"transformer": "configs/multi30k_de_en_transformer.yaml",
 JOEY_NAMES = {"transformer": "transformer", "lstm": "rnn"}
 
 
-def matmul_peak(threads: int, dtype: str = "fp32") -> float:
+def matmul_peak(threads: int, dtype: str = "fp32", n: int = 2048) -> float:
     import torch
 
     torch.set_num_threads(threads)
     kind = torch.bfloat16 if dtype == "bf16" else torch.float32
-    a, b, c = (torch.randn(2048, 2048, dtype=kind), torch.randn(2048, 2048, dtype=kind),
-               torch.empty(2048, 2048, dtype=kind))
+    a, b, c = (torch.randn(n, n, dtype=kind), torch.randn(n, n, dtype=kind), torch.empty(n, n, dtype=kind))
     for _ in range(3):
         torch.mm(a, b, out=c)
     times = []
@@ -59,11 +60,11 @@ def matmul_peak(threads: int, dtype: str = "fp32") -> float:
         t = time.perf_counter()
         torch.mm(a, b, out=c)
         times.append(time.perf_counter() - t)
-    return 2 * 2048**3 / statistics.median(times) / 1e9
+    return 2 * n**3 / statistics.median(times) / 1e9
 
 
 def child(arch: str, steps: int, threads: int, data: Path | None, device: str, precision: str,
-          compile_: bool) -> dict:
+          compile_: bool, smoke: bool = False) -> dict:
     """One recipe in this process: returns its measurements."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
@@ -80,6 +81,9 @@ def child(arch: str, steps: int, threads: int, data: Path | None, device: str, p
     if data:
         for split, name in (("train", "train"), ("dev", "val"), ("test", "test_2016_flickr")):
             overrides += [f"data.{split}.src={data}/{name}.de.gz", f"data.{split}.tgt={data}/{name}.en.gz"]
+    if smoke:  # the recipe's smallest model, a small vocabulary and batches (the steps: --steps)
+        keep = ("model.", "tokenizer.", "train.max_tokens")
+        overrides += [f"{key}={value}" for key, value in smoke_settings(arch).items() if key.startswith(keep)]
     cfg = load_config(REPO / RECIPES[arch], overrides)
     with tempfile.TemporaryDirectory() as tmp:
         cfg.train.run_dir = Path(tmp)
@@ -125,9 +129,10 @@ def child(arch: str, steps: int, threads: int, data: Path | None, device: str, p
     }
 
 
-def parts(threads: int) -> None:
+def parts(threads: int, smoke: bool = False) -> None:
     """The pieces of a training step that the profile of a Multi30k Transformer step put on top, each
-    against what it replaced, forward + backward, in this one process (median of 10 after 2 warm-ups)."""
+    against what it replaced, forward + backward, in this one process (median of 10 after 2 warm-ups).
+    ``smoke``: each piece once, at the smallest sizes (CI's smoke run)."""
     import torch
     import torch.nn.functional as F
 
@@ -140,12 +145,18 @@ def parts(threads: int) -> None:
     from attnmt.optim import make_optimizer
 
     torch.set_num_threads(threads)
+    warmups, calls = (0, 1) if smoke else (2, 10)
+    rows_, width = (64, 64) if smoke else (4096, 1024)  # a feed-forward activation
+    pieces, vocabulary = (64, 100) if smoke else (3500, 8000)  # a batch's target pieces x the vocabulary
+    shape = (4, 2, 5, 8) if smoke else (150, 4, 27, 64)  # attention's (batch, heads, length, d_head)
+    recipe = [f"{k}={v}" for k, v in smoke_settings("transformer").items() if k.startswith("model.")] \
+        if smoke else []
 
     def ms(f) -> float:
-        for _ in range(2):
+        for _ in range(warmups):
             f()
         times = []
-        for _ in range(10):
+        for _ in range(calls):
             t = time.perf_counter()
             f()
             times.append(time.perf_counter() - t)
@@ -153,12 +164,12 @@ def parts(threads: int) -> None:
 
     rows = []
     for dtype in (torch.float32, torch.bfloat16):
-        x = torch.randn(4096, 1024, dtype=dtype, requires_grad=True)  # a feed-forward activation
-        rows.append((f"dropout 0.2 on 4096x1024 {str(dtype)[6:]}", "F.dropout (bernoulli_)",
+        x = torch.randn(rows_, width, dtype=dtype, requires_grad=True)
+        rows.append((f"dropout 0.2 on {rows_}x{width} {str(dtype)[6:]}", "F.dropout (bernoulli_)",
                      ms(lambda x=x: F.dropout(x, 0.2, True).sum().backward()),
                      "attnmt.dropout (rand)", ms(lambda x=x: dropout(x, 0.2).sum().backward())))
-    logits = torch.randn(1, 3500, 8000, requires_grad=True)  # a batch's target pieces x the vocabulary
-    target = torch.randint(1, 8000, (1, 3500))
+    logits = torch.randn(1, pieces, vocabulary, requires_grad=True)
+    target = torch.randint(1, vocabulary, (1, pieces))
 
     def two_cross_entropies():
         flat, flat_target = logits.flatten(0, 1), target.flatten()
@@ -167,20 +178,23 @@ def parts(threads: int) -> None:
             F.cross_entropy(flat, flat_target, reduction="sum")
         loss.backward()
 
-    rows.append(("loss + nll, 3500 x 8000", "F.cross_entropy twice", ms(two_cross_entropies),
+    rows.append((f"loss + nll, {pieces} x {vocabulary}", "F.cross_entropy twice", ms(two_cross_entropies),
                  "one log_softmax", ms(lambda: label_smoothed_nll(logits, target, 0, 0.1).loss.backward())))
-    q, k, v = (torch.randn(150, 4, 27, 64, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-    mask = torch.ones(150, 1, 1, 27, dtype=torch.bool)
-    mask[::2, :, :, 20:] = False
-    rows.append(("attention bf16 (150, 4, 27, 64)", "SDPA (fused CPU kernel)",
+    q, k, v = (torch.randn(*shape, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    mask = torch.ones(shape[0], 1, 1, shape[2], dtype=torch.bool)
+    mask[::2, :, :, shape[2] * 3 // 4:] = False
+    rows.append((f"attention bf16 {shape}", "SDPA (fused CPU kernel)",
                  ms(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask).sum().backward()),
                  "math, softmax in fp32", ms(lambda: math_attention(q, k, v, mask)[0].sum().backward())))
-    model = build_model(load_config(REPO / RECIPES["transformer"]).model, 8000, 8000)
+    cfg = load_config(REPO / RECIPES["transformer"], recipe)
+    model = build_model(cfg.model, vocabulary, vocabulary)
     for p in model.parameters():
         p.grad = torch.randn_like(p)
     plain = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    fused = make_optimizer(model, load_config(REPO / RECIPES["transformer"]).train)
-    rows.append(("AdamW step, 7.6M parameters", "per-tensor loop", ms(plain.step), "fused", ms(fused.step)))
+    fused = make_optimizer(model, cfg.train)
+    count = sum(p.numel() for p in model.parameters())
+    rows.append((f"AdamW step, {count / 1e6:.1f}M parameters", "per-tensor loop", ms(plain.step), "fused",
+                 ms(fused.step)))
     print(f"{'piece':<34}{'before':<26}{'ms':>8}   {'now':<24}{'ms':>8}{'speed-up':>10}")
     for piece, old, old_ms, new, new_ms in rows:
         print(f"{piece:<34}{old:<26}{old_ms:>8.1f}   {new:<24}{new_ms:>8.1f}{old_ms / new_ms:>9.2f}x")
@@ -209,8 +223,7 @@ def _child(tree: Path, args, arch: str, precision: str, compile_: str) -> dict:
            "--steps", str(args.steps), "--threads", str(args.threads), "--device", args.device,
            "--precision", precision,
            "--compile", compile_]
-    if args.data:
-        cmd += ["--data", str(args.data)]
+    cmd += (["--data", str(args.data)] if args.data else []) + (["--smoke"] if args.smoke else [])
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONPATH": str(tree)}
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=tree, env=env)
     line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
@@ -258,6 +271,10 @@ def build_parser() -> ScriptParser:
                          "this one's alternate, --rounds times, and the ratio of their median tokens/s is "
                          "printed")
     ap.add_argument("--rounds", type=Number(int, low=1), default=3)
+    ap.add_argument("--smoke", action="store_true",
+                    help="CI's smoke run (its numbers mean nothing): each recipe's smallest model and a "
+                    "100-piece vocabulary, the matmul peak on 128 x 128, --parts each piece once at the "
+                    "smallest sizes")
     ap.add_argument("--child", choices=list(RECIPES), help=argparse.SUPPRESS)
     ap.checks.append(check_folders)
     return ap
@@ -282,17 +299,17 @@ def main(argv: list[str] | None = None) -> None:
         against(args)
         return
     if args.parts:
-        parts(args.threads)
+        parts(args.threads, args.smoke)
         return
     if args.child:
         print("RESULT " + json.dumps(child(args.child, args.steps, args.threads, args.data, args.device,
-                                           args.precision[0], args.compile[0] == "on")))
+                                           args.precision[0], args.compile[0] == "on", args.smoke)))
         return
 
-    on_cpu = args.device == "cpu"
-    peaks = {dtype: matmul_peak(args.threads, dtype) for dtype in ("fp32", "bf16")} if on_cpu else {}
+    on_cpu, n = args.device == "cpu", 128 if args.smoke else 2048
+    peaks = {dtype: matmul_peak(args.threads, dtype, n) for dtype in ("fp32", "bf16")} if on_cpu else {}
     for dtype, peak in peaks.items():
-        print(f"{dtype} matmul peak (torch.mm 2048, {args.threads} threads): {peak:.1f} GFLOP/s")
+        print(f"{dtype} matmul peak (torch.mm {n}, {args.threads} threads): {peak:.1f} GFLOP/s")
     if not peaks:
         print("on CUDA: MFU is not computed (no measured peak); see peak GPU memory instead")
     rows = []
@@ -303,8 +320,7 @@ def main(argv: list[str] | None = None) -> None:
                 cmd = [sys.executable, __file__, "--child", arch, "--steps", str(args.steps),
                        "--threads", str(args.threads), "--device", args.device, "--precision", precision,
                        "--compile", compile_]
-                if args.data:
-                    cmd += ["--data", str(args.data)]
+                cmd += (["--data", str(args.data)] if args.data else []) + (["--smoke"] if args.smoke else [])
                 out = subprocess.run(cmd, capture_output=True, text=True,
                                      env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})
                 line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)

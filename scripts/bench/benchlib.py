@@ -16,6 +16,37 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 
+# --smoke, CI's smoke run of a benchmark that trains (tests/test_scripts_smoke.py): its recipe with the
+# smallest model of its architecture, a 100-piece vocabulary and a few steps on the CPU. Its numbers mean
+# nothing; every step of the benchmark runs as at full size.
+SMOKE_MODEL = {
+    "transformer": {"d_model": 16, "n_heads": 2, "enc_layers": 1, "dec_layers": 1, "d_ff": 32},
+    "lstm": {"emb_dim": 16, "hidden_size": 16, "dec_hidden_size": 16, "attn_dim": 16, "enc_layers": 1,
+             "dec_layers": 1},
+}
+SMOKE_SETTINGS = {
+    "tokenizer.vocab_size": 100, "train.max_tokens": 200, "train.warmup_steps": 1, "train.max_steps": 4,
+    "train.max_minutes": 0, "train.eval_every": 4, "train.save_every": 4, "train.log_every": 1,
+    "train.average_last": 0, "train.device": "cpu", "train.precision": "fp32", "decode.max_len_b": 5,
+}  # fmt: skip
+
+
+def smoke_settings(arch: str) -> dict[str, object]:
+    """The dotted keys and values ``--smoke`` sets on a recipe of ``arch``."""
+    return {**{f"model.{key}": value for key, value in SMOKE_MODEL[arch].items()}, **SMOKE_SETTINGS}
+
+
+def smoke_config(config: dict) -> dict:
+    """A config (a dict, as read from its YAML) with ``smoke_settings`` set in it; the rest kept."""
+    config = json.loads(json.dumps(config))
+    for key, value in smoke_settings(config["model"]["arch"]).items():
+        *parents, name = key.split(".")
+        section = config
+        for parent in parents:
+            section = section.setdefault(parent, {})
+        section[name] = value
+    return config
+
 
 def attnmt(*args) -> subprocess.CompletedProcess:
     """``python -m attnmt ARGS`` in a child process (echoed first), its output shown as it comes (stdout
