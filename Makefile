@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 TORCH := torch==2.13.0
 RUN := runs/demo
-# The browser tests (tests/test_explorer.py) drive Debian's /usr/bin/chromium through /usr/bin/chromedriver;
+# The browser tests (tests/insight/test_explorer.py) drive Debian's /usr/bin/chromium through /usr/bin/chromedriver;
 # `make test` installs both when either is missing, with sudo only when not root and sudo exists.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || ! command -v sudo >/dev/null 2>&1 || echo sudo)
 

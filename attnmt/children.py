@@ -33,8 +33,8 @@ long step, a slow save: saves are atomic, so a cut one loses nothing but the ste
 checkpoint); so every child is gone within ``POLL_S + GRACE_S`` < 5 s of its parent.
 
 **Commands.** The parent passes ``Guard`` in ``PARENT_ENV``; ``python -m attnmt`` and ``python -m
-attnmt.growth`` call ``arm_from_env`` before anything else, which removes the variable, so that their own
-children never inherit a stale guard. The guard holds for a direct child: a ``python -m attnmt`` started
+attnmt.study.growth`` call ``arm_from_env`` before anything else, which removes the variable, so that their
+own children never inherit a stale guard. The guard holds for a direct child: a ``python -m attnmt`` started
 through a wrapper that forks (the given parent still among its ancestors) is left alone.
 
 The resource tracker ``multiprocessing`` starts beside spawned children needs nothing of this: it exits
@@ -188,7 +188,7 @@ def spawn_context() -> GuardedContext:
 def popen(args: list[str], death_signal: int, env: dict[str, str] | None = None,
           **kwargs) -> subprocess.Popen:
     """``subprocess.Popen(args, ...)`` of a command that runs attnmt (``python -m attnmt ...``, ``python
-    -m attnmt.growth ...``), told in ``PARENT_ENV`` to die with this process by ``death_signal``."""
+    -m attnmt.study.growth ...``), told in ``PARENT_ENV`` to die with this process by ``death_signal``."""
     env = dict(os.environ if env is None else env)
     env[PARENT_ENV] = guard_for(death_signal).to_env()
     return subprocess.Popen(args, env=env, **kwargs)

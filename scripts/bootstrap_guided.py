@@ -115,7 +115,7 @@ def claim(out: Path, teacher: str) -> Path:
 def check_corpora(args: argparse.Namespace) -> None:
     """Before any training: the config's corpora are file pairs (the bootstrap reverses them, aligns the
     training pair and scores on the test or dev pair), one training corpus, and a test or dev set."""
-    from attnmt.config import load_config
+    from attnmt.config.schema import load_config
 
     data = load_config(args.config, forward_overrides(args)).data
     if isinstance(data.train, list):

@@ -27,7 +27,7 @@ a climb from a step that levels off.
 Known growth (2026-12, the 2-core machine): translation climbs from about 270 MB to about 950 MB over the
 first ~20,000 lines, then levels off. It is not attnmt's objects but oneDNN's primitive cache and ideep's
 computation cache (1,024 entries each by default, keyed by shape), which the decoding fast path's
-``_linear_pointwise`` (``attnmt/fastpath.py``) fills with an entry for every new number of rows:
+``_linear_pointwise`` (``attnmt/decoding/fastpath.py``) fills with an entry for every new number of rows:
 ``--pin-caches`` caps both, and then 100,000 lines grow by 1.5 MB. The full run passes regardless (by line
 10,000 the caches are mostly full); a shorter ``--lines`` measures its first point before that and fails.
 ``--model RUN`` translates an existing checkpoint or run folder without training.
@@ -35,7 +35,7 @@ computation cache (1,024 entries each by default, keyed by shape), which the dec
 Prints a table, writes every sample and the verdicts to ``--out`` (JSON), and exits 1 when a limit is
 exceeded (2 when a command fails). ``--launcher FILE`` runs ``python FILE ARGS`` in place of
 ``python -m attnmt ARGS`` (a variant of the command line that leaks on purpose, to see this check fail).
-``tests/test_growth.py`` runs a short version of both with the functions here.
+``tests/study/test_growth.py`` runs a short version of both with the functions here.
 """
 
 from __future__ import annotations
@@ -61,7 +61,8 @@ from scriptargs import InputFile, Model, Number, OutputFile, OutputFolder, Scrip
 
 NEAREST = 5  # samples taken when fewer fall inside the window
 # oneDNN's primitive cache and ideep's computation cache, both keyed by shape, 1,024 entries by default;
-# decoding's fast path (attnmt/fastpath.py) fills them: --pin-caches caps them, to see attnmt's own growth.
+# decoding's fast path (attnmt/decoding/fastpath.py) fills them: --pin-caches caps them, to see attnmt's
+# own growth.
 SMALL_CACHES = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "8", "LRU_CACHE_CAPACITY": "8"}
 METRICS_EVERY = 5  # train.log_every: the step resolution of the samples
 
@@ -291,7 +292,7 @@ def wait_or_kill(proc: subprocess.Popen, timeout: float) -> int:
 
 def toy_sources(n: int, seed: int = 7) -> Iterator[str]:
     """``n`` random toy source lines (repeats allowed), as the toy task draws them."""
-    from attnmt.toy import toy_pair
+    from attnmt.data.toy import toy_pair
 
     rng = random.Random(seed)
     for _ in range(n):

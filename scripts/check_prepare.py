@@ -8,7 +8,7 @@ again the way prepare read them before it streamed (``data.read_corpus`` into li
 by ``tokenizer.train_tokenizer`` on the whole lists, every sentence encoded at once, the length filters
 and statistics over lists with ``np.percentile``), and the two must agree: the same tokenizer bytes, the
 same token ids, lines, texts and gold alignments in every split, the same statistics. Prints what differs
-and exits 1, or prints one line and exits 0. ``tests/test_streamed_prepare.py`` runs ``compare`` on the
+and exits 1, or prints one line and exits 0. ``tests/data/test_streamed_prepare.py`` runs ``compare`` on the
 toy task and on a corpus full of what cleaning drops.
 """
 
@@ -22,12 +22,12 @@ from pathlib import Path
 import numpy as np
 from scriptargs import ConfigFile, Number, ScriptParser, guarded
 
-from attnmt.config import Config, load_config
-from attnmt.data import read_corpus
-from attnmt.encoded import open_split
-from attnmt.prepare import prepare
+from attnmt.config.schema import Config, load_config
+from attnmt.data.encoded import open_split
+from attnmt.data.prepare import prepare
+from attnmt.data.readers import read_corpus
+from attnmt.data.tokenizer import UNK_ID, train_tokenizer
 from attnmt.runfiles import RunDir
-from attnmt.tokenizer import UNK_ID, train_tokenizer
 
 
 def list_prepare(cfg: Config) -> tuple[dict[str, bytes], dict[str, dict], list[dict]]:

@@ -1,6 +1,6 @@
 """Word alignments of a parallel corpus by eflomal, in the Pharaoh form ``train.alignment.path`` reads: one
 line per line of the corpus as read, ``i-j`` for source word i and target word j, words as ``attnmt align``
-reads them (``attnmt.words.segment``: the space-separated tokens, CJK text split into characters).
+reads them (``attnmt.data.words.segment``: the space-separated tokens, CJK text split into characters).
 
     python scripts/eflomal_align.py --src train.de.gz --tgt train.en.gz -o train.align
 
@@ -30,8 +30,8 @@ HEURISTICS = ("grow-diag-final-and", "grow-diag-final", "grow-diag", "intersecti
 
 def corpus_words(path: Path, limit: int | None = None) -> list[list[str]]:
     """The words of each line of ``path`` (plain or gzipped) as ``attnmt align`` splits them."""
-    from attnmt.data import read_lines
-    from attnmt.words import segment
+    from attnmt.data.readers import read_lines
+    from attnmt.data.words import segment
 
     lines = []
     for line in read_lines(path):
@@ -42,8 +42,8 @@ def corpus_words(path: Path, limit: int | None = None) -> list[list[str]]:
 
 
 def read_links(path: Path) -> list[set[tuple[int, int]]]:
-    from attnmt.alignment import parse_pharaoh
-    from attnmt.data import read_lines
+    from attnmt.data.readers import read_lines
+    from attnmt.insight.alignment import parse_pharaoh
 
     return [parse_pharaoh(line)[0] for line in read_lines(path)]
 
@@ -69,7 +69,7 @@ def align_words(src: list[list[str]], tgt: list[list[str]], work: Path) -> dict[
 
 
 def symmetrized(links: dict[str, list[set]], heuristic: str) -> list[set]:
-    from attnmt.alignment import symmetrize
+    from attnmt.insight.alignment import symmetrize
 
     return [symmetrize(f, r, heuristic) for f, r in zip(links["forward"], links["reverse"])]
 
@@ -77,7 +77,7 @@ def symmetrized(links: dict[str, list[set]], heuristic: str) -> list[set]:
 def write_links(path: Path, links: list[set]) -> None:
     """``links`` as Pharaoh lines, replacing ``path`` whole (attnmt's atomic write: the user's file mode, no
     half file, no temporary file left behind)."""
-    from attnmt.alignment import format_pharaoh
+    from attnmt.insight.alignment import format_pharaoh
     from attnmt.runfiles import atomic_write_text
 
     atomic_write_text(path, "".join(format_pharaoh(x) + "\n" for x in links))

@@ -66,8 +66,9 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.profiler import ProfilerActivity, profile
 
-from attnmt.kernels import sdpa_attention
-from attnmt.masks import causal_mask, cross_mask, padding_mask
+from attnmt.models.kernels import sdpa_attention
+from attnmt.data.batching import padding_mask
+from attnmt.models.masks import causal_mask, cross_mask
 
 B, H, T, d = 128, 4, 28, 64
 q, k, v = (torch.randn(B, H, T, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))

@@ -272,7 +272,7 @@ class InputFolder(_Path):
 
 
 class ConfigFile(_Path):
-    """A config file that ``attnmt.config.load_config`` loads (every error 2, as ``attnmt train`` gives
+    """A config file that ``attnmt.config.schema.load_config`` loads (every error 2, as ``attnmt train`` gives
     it), with the overrides the script will give it: ``overrides(args)`` (the ``--set`` values and what
     the script adds)."""
 
@@ -286,7 +286,7 @@ class ConfigFile(_Path):
         if mode is not None and not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
             # load_config would wait on a pipe for its writer; a config is read again by each child
             raise ConfigError(f"{name} {value} is not a regular file (a pipe or a device?); give a file")
-        from attnmt.config import load_config
+        from attnmt.config.schema import load_config
 
         try:
             load_config(value, self.overrides(args))
@@ -306,7 +306,7 @@ class Model(_Path):
         self.exports, self.checkpoints = exports, checkpoints
 
     def check(self, value: Path, name: str, args: argparse.Namespace) -> None:
-        from attnmt.ctranslate import is_export
+        from attnmt.decoding.ctranslate import is_export
         from attnmt.runfiles import is_run_folder
 
         mode = _mode(value)

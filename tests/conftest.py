@@ -4,11 +4,13 @@ offline environment before any Hugging Face library is imported)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
+from pathlib import Path
 
 import pytest
-from helpers import TOY_CONFIG, TOY_SET, TinyRuns
+from helpers import TINY_MODELS, TINY_TRAIN, TOY_CONFIG, TOY_SET, TinyRuns, train_cli
 
 
 @pytest.fixture
@@ -59,3 +61,58 @@ def restore_torch_state():
     deterministic = torch.are_deterministic_algorithms_enabled()
     yield
     torch.use_deterministic_algorithms(deterministic)
+
+
+# ------------------------------------------------------- fixtures that several folders' tests share
+
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"  # Debian's chromium, chromium-driver
+HINT = "run `make test`, which installs chromium and chromium-driver"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Chromium through chromedriver; a failure to start fails the tests (never skips them)."""
+    missing = [path for path in (CHROMIUM, CHROMEDRIVER) if not Path(path).is_file()]
+    if missing:  # checked first: Selenium would otherwise try to download a driver
+        pytest.fail(f"headless Chromium cannot start: {', '.join(missing)} missing\n{HINT}", pytrace=False)
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+
+        options = webdriver.ChromeOptions()
+        options.binary_location = CHROMIUM
+        for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                     "--window-size=1400,1100", "--force-device-scale-factor=1"):
+            options.add_argument(flag)
+        options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
+        driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
+    except Exception as e:  # any reason at all: reported, with the hint
+        pytest.fail(f"headless Chromium did not start: {type(e).__name__}: {e}\n{HINT}", pytrace=False)
+    yield driver
+    driver.quit()
+
+
+TOY_SPLIT = {"format": "toy", "split": "train"}
+
+
+@pytest.fixture(scope="module")
+def multilingual(tmp_path_factory):
+    """A tiny model trained 20 steps on two toy corpora, English to German and to Chinese, and a tagged
+    third; its run folder."""
+    root = tmp_path_factory.mktemp("multilingual")
+    config = {
+        "data": {"src_lang": "en", "tgt_lang": "de",
+                 "train": [{**TOY_SPLIT, "size": 120, "tgt_lang": "de"},
+                           {**TOY_SPLIT, "size": 120, "lang": "zh", "seed": 2, "tgt_lang": "zh", "weight": 2},
+                           {**TOY_SPLIT, "size": 40, "seed": 3, "tag": "<bt>"}],
+                 "dev": {"format": "toy", "split": "dev", "size": 10, "lang": "zh", "tgt_lang": "zh"}},
+        "tokenizer": {"vocab_size": 400},
+        "model": TINY_MODELS["transformer"],
+        "train": {**TINY_TRAIN, "max_steps": 20, "eval_every": 20, "save_every": 20},
+        "decode": {"max_len_b": 5},
+    }  # fmt: skip
+    path = root / "config.json"
+    path.write_text(json.dumps(config), encoding="utf-8")
+    result = train_cli(path, root / "run")
+    assert result.returncode == 0, result.stderr
+    return root / "run"

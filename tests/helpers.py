@@ -222,8 +222,8 @@ class TinyRuns:
     def __init__(self, root: Path) -> None:
         import torch
 
-        from attnmt.config import load_config
-        from attnmt.prepare import prepare
+        from attnmt.config.schema import load_config
+        from attnmt.data.prepare import prepare
         from attnmt.runfiles import RunDir
 
         torch.set_num_threads(1)
@@ -246,3 +246,23 @@ class TinyRuns:
             assert result.returncode == 0, result.stderr
             self._references[arch] = run
         return self._references[arch]
+
+
+def severe(driver) -> list[dict]:
+    return [entry for entry in driver.get_log("browser") if entry["level"] in ("SEVERE", "WARNING")]
+
+
+def tiny_study_config(path: Path, **train: int) -> Path:
+    """A study config of the toy task and the tiny model; ``train``: settings over its 8 steps."""
+    config = {
+        "data": {"src_lang": "en", "tgt_lang": "de",
+                 "train": {"format": "toy", "split": "train", "size": 200},
+                 "dev": {"format": "toy", "split": "dev", "size": 12},
+                 "test": {"format": "toy", "split": "test", "size": 12}},
+        "tokenizer": {"vocab_size": 64},
+        "model": TINY_MODELS["transformer"],
+        "train": {**TINY_TRAIN, "max_steps": 8, "eval_every": 4, "save_every": 4, "log_every": 2, **train},
+        "decode": {"max_len_b": 5},
+    }  # fmt: skip
+    path.write_text(json.dumps(config, indent=1), encoding="utf-8")
+    return path

@@ -1,6 +1,6 @@
 """Every file of this repository that the docs name exists: a command in the README that runs
 ``scripts/bench/bench_align.py``, a config's comment that points at ``scripts/bootstrap_guided.py``, a
-script's docstring that cites ``attnmt/fastpath.py``.
+script's docstring that cites ``attnmt/decoding/fastpath.py``.
 
 Read: ``README.md``, ``docs/**/*.md``, ``data/README.md``, ``configs/*.yaml`` (their comments), every file in
 ``scripts/`` (docstrings, usage lines, help texts, comments), ``Makefile`` and ``pyproject.toml``'s comments.
@@ -43,6 +43,7 @@ def documents() -> list[Path]:
     found = [REPO / "README.md", REPO / "data" / "README.md", REPO / "Makefile", REPO / "pyproject.toml"]
     found += sorted((REPO / "docs").rglob("*.md")) + sorted((REPO / "configs").glob("*.yaml"))
     found += sorted(p for p in (REPO / "scripts").rglob("*") if p.suffix in (".py", ".sh"))
+    found += sorted((REPO / "attnmt").rglob("*.py"))  # the package's docstrings name files and scripts too
     return found
 
 

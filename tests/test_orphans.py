@@ -5,7 +5,8 @@ alone (``os.kill(pid, ...)``, not its group, as a service manager or a job sched
 descendant it had (found through /proc, children of children) is gone within 5 s: pool workers and the
 multiprocessing resource tracker (``attribute --workers 2``), serve's decoder in the middle of a batch
 (SIGTERM with no grace: the server leaves by ``os._exit``), a study's training child (SIGKILL: it saves and
-exits 143 as on SIGTERM) and torchrun's ranks (SIGKILL to ``python -m attnmt.launch``; they save too).
+exits 143 as on SIGTERM) and torchrun's ranks (SIGKILL to ``python -m attnmt.training.launch``; they
+save too).
 Then the guard itself, in a parent script: a child spawned from a thread that has ended lives on
 (PR_SET_PDEATHSIG would have killed it, as the control child shows), and one that ignores SIGTERM is
 killed after the grace.
@@ -28,8 +29,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from helpers import OFFLINE_ENV, REPO, train_args, train_cli
-from test_study import tiny_study_config
+from helpers import OFFLINE_ENV, REPO, tiny_study_config, train_args, train_cli
 
 DEADLINE_S = 5.0  # the rule: no child alive this long after its parent was signalled
 START_S = 120.0  # how long a parent may take to start its children (2 slow cores, imports of torch)
@@ -221,8 +221,9 @@ def test_torchruns_ranks_die_with_a_killed_launcher(tiny, tmp_path):
     run = tiny.copy_prepared(tmp_path / "run")
     args = train_args(tiny.config["transformer"], run, "train.max_steps=100000", "train.save_every=100000",
                       "train.eval_every=100000")
-    parent = start_parent([sys.executable, "-m", "attnmt.launch", "--standalone", "--nproc-per-node", "2",
-                           "-m", *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    parent = start_parent([sys.executable, "-m", "attnmt.training.launch", "--standalone",
+                           "--nproc-per-node", "2", "-m", *args], stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL)
     metrics = run / "metrics.jsonl"
     try:
         children = children_of(parent, "attnmt train", "attnmt train")

@@ -39,13 +39,13 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from attnmt.alignment import SYMMETRIZATIONS, alignment_scores, parse_pharaoh, read_gold, symmetrize
-from attnmt.checkpoint import load_checkpoint, load_model, read_pointer
 from attnmt.cli import app
-from attnmt.config import Config, JsonlSource, TextSource, TsvSource, load_config
-from attnmt.config_errors import _models_in
-from attnmt.data import clean, read_corpus
+from attnmt.config.describe import _models_in
+from attnmt.config.schema import Config, JsonlSource, TextSource, TsvSource, load_config
+from attnmt.data.readers import clean, read_corpus
 from attnmt.errors import CheckpointError, ConfigError, DataError
+from attnmt.insight.alignment import SYMMETRIZATIONS, alignment_scores, parse_pharaoh, read_gold, symmetrize
+from attnmt.models.checkpoint import load_checkpoint, load_model, read_pointer
 from attnmt.runfiles import RunDir
 
 

@@ -1,5 +1,5 @@
 """Replacing a file or a folder keeps what the user set on it (``runfiles.keep_attributes``), and an
-operating system's error is one error of the contract (``errors.os_error``). ``tests/test_cli_fuzz.py``
+operating system's error is one error of the contract (``errors.os_error``). ``tests/cli/test_cli_fuzz.py``
 checks both through every output option of every command; these are the cases a command line cannot set
 up cheaply: a link, another owner, a rename that fails, a checkpoint saved again."""
 
@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from attnmt import runfiles
-from attnmt.checkpoint import save_checkpoint, step_file
 from attnmt.errors import DataError, ResourceError, os_error
+from attnmt.models.checkpoint import save_checkpoint, step_file
 from attnmt.runfiles import RunDir, atomic_write_bytes, replace_dir, temporary_folder
 
 ROOT = os.geteuid() == 0

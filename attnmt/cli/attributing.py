@@ -10,8 +10,8 @@ from typing import Annotated
 
 import typer
 
-from ..align_request import check_source
 from ..errors import DataError
+from ..insight.align_request import check_source
 from .app import command
 from .common import FileProgress, open_for_attention, read_pairs, write_output
 from .contract import Output
@@ -49,7 +49,7 @@ def attribute(
     integrated gradients delta (per row: the attributions' sum minus the output difference) and gap (the
     output difference).
     """
-    from ..attention_maps import attribute_corpus, default_align_options, explore
+    from ..insight.attention_maps import attribute_corpus, default_align_options, explore
 
     check_source(method.value, None, None, False)  # captum, unless the method is attention
     sources, targets = read_pairs(src, tgt)

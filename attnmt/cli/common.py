@@ -9,17 +9,17 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..choices import Device
+from ..config.choices import Device
 from ..errors import ConfigError, DataError
 
 if TYPE_CHECKING:
-    from ..translator import DecodeOverrides
+    from ..decoding.translator import DecodeOverrides
 
 
 def input_lines(path: Path | None) -> Iterator[str]:
     """Lines of a file (plain or gzipped), a pipe, or stdin (``-`` or None), read lazily as they arrive,
     split on \\n only."""
-    from ..data import read_lines
+    from ..data.readers import read_lines
 
     stdin = path is None or str(path) == "-"
     if stdin and sys.stdin.isatty():
@@ -36,7 +36,7 @@ def sentences_or_input(sentences: list[str] | None, input_: Path | None) -> Iter
 
 def read_pairs(src: Path, tgt: Path | None) -> tuple[list[str], list[str] | None]:
     """The lines of ``src`` and, when given, of ``tgt``, which must have as many (else a DataError)."""
-    from ..data import read_lines
+    from ..data.readers import read_lines
 
     sources = list(read_lines(src))
     targets = list(read_lines(tgt)) if tgt is not None else None
@@ -65,15 +65,16 @@ def open_translator(model_path: Path, device: Device = Device.auto, overrides: D
     (else a CheckpointError), averaged step by step with MODEL (``models.Ensemble``); MODEL's decode
     settings apply. A folder ``attnmt export`` wrote decodes through CTranslate2 (``open_export``) unless
     ``exports`` is False (commands that read the attention: a CheckpointError then)."""
-    from .. import checkpoint, fastpath
-    from ..distributed import choose_device
-    from ..runtime import keep_freed_memory
-    from ..translator import DecodeOverrides, Translator
+    from ..decoding import fastpath
+    from ..decoding.translator import DecodeOverrides, Translator
+    from ..models import checkpoint
+    from ..training.distributed import choose_device
+    from .runtime import keep_freed_memory
 
     overrides = overrides if overrides is not None else DecodeOverrides()
     dev = choose_device(device, "--device")
     keep_freed_memory()  # decoding reuses the same large blocks every step
-    from ..ctranslate import is_export
+    from ..decoding.ctranslate import is_export
 
     if is_export(model_path) and exports:
         return open_export(model_path, dev, overrides, ensemble)
@@ -101,7 +102,7 @@ def open_translator(model_path: Path, device: Device = Device.auto, overrides: D
 def open_for_attention(model_path: Path, device: Device, beam_size: int | None):
     """``open_translator`` for the commands that read the attention (plot, align, attribute, heads): the
     model's decode settings but the beam, and a CTranslate2 export refused (it has no attention to read)."""
-    from ..translator import DecodeOverrides
+    from ..decoding.translator import DecodeOverrides
 
     return open_translator(model_path, device, DecodeOverrides(beam_size), exports=False)
 
@@ -109,7 +110,7 @@ def open_for_attention(model_path: Path, device: Device, beam_size: int | None):
 def open_export(folder: Path, dev, overrides: DecodeOverrides, ensemble: list[Path] | None):
     """``open_translator`` for a folder ``attnmt export`` wrote: the model's decode settings with the same
     overrides, CTranslate2's search."""
-    from ..ctranslate import Ct2Translator, read_export
+    from ..decoding.ctranslate import Ct2Translator, read_export
 
     if ensemble:
         raise ConfigError(f"--ensemble: {folder} is a CTranslate2 export, which decodes alone; ensemble the "

@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from ..choices import BleuTokenizer, Scores
+from ..config.choices import BleuTokenizer, Scores
 from ..errors import ConfigError, ConstraintError, DataError
 from .app import command
 from .common import FileProgress, open_translator, sentences_or_input
@@ -78,8 +78,8 @@ def translate(
 
     With --nbest N (or --sampling --nbest N): N lines per input, "index<TAB>score<TAB>translation".
     """
-    from ..data import count_lines
-    from ..translator import DecodeOverrides
+    from ..data.readers import count_lines
+    from ..decoding.translator import DecodeOverrides
 
     draw = _sampling(sampling, beam_size, temperature, top_k, top_p, seed)
     total = count_lines(input_) if input_ is not None else 0  # None for a pipe: progress without a total
@@ -133,8 +133,8 @@ def _write_translations(chunks, nbest: int, output: Path | None, progress: FileP
 def _scored_lines(translator, sources: list[str], targets: list[str], as_json: bool, words: bool,
                   progress: FileProgress) -> list[str]:
     """``score``'s lines: TSV, or JSON with ``--json`` (and the words' probabilities with ``--words``)."""
-    from ..translator import Scored
-    from ..words import word_scores
+    from ..data.words import word_scores
+    from ..decoding.translator import Scored
 
     lines = []
     for start in range(0, len(sources), CHUNK_LINES):
@@ -180,7 +180,7 @@ def _per_line(lines, path: Path, count: int | None, option: str) -> tuple[Iterab
     """``translate --prefix`` or ``--constraints``: the file's lines, and the input lines checked to be as
     many (DataError, before any work when the input's lines are counted ahead; for a pipe, as soon as it
     runs out)."""
-    from ..data import read_lines
+    from ..data.readers import read_lines
 
     prefixes = list(read_lines(path))
 
@@ -206,7 +206,7 @@ def _per_line(lines, path: Path, count: int | None, option: str) -> tuple[Iterab
 def _sampling(sampling: bool, beam_size: int | None, temperature: float | None, top_k: int | None,
               top_p: float | None, seed: int | None):
     """``translate``'s sampling options as a ``decode.Sampling`` (None without --sampling), checked."""
-    from ..decode import Sampling
+    from ..decoding.search import Sampling
     from ..errors import ConfigError
 
     given = {"--temperature": temperature, "--top-k": top_k, "--top-p": top_p, "--seed": seed}
@@ -257,10 +257,10 @@ def eval_(
     device: DeviceOpt = "auto",
 ) -> None:
     """Score translations with sacrebleu: translate --src with MODEL, or score --hyp; against --ref."""
-    from ..arrival import chunks
-    from ..data import read_lines
+    from ..data.arrival import chunks
+    from ..data.readers import read_lines
+    from ..decoding.metrics import bleu_tokenize, read_references, score_corpus
     from ..errors import ConfigError
-    from ..metrics import bleu_tokenize, read_references, score_corpus
     from ..runfiles import atomic_write_text
 
     if not ref:
@@ -274,7 +274,7 @@ def eval_(
     if hyp is not None:
         hypotheses, name, lang = list(read_lines(hyp)), str(hyp), tgt_lang
     else:
-        from ..translator import DecodeOverrides
+        from ..decoding.translator import DecodeOverrides
 
         overrides = DecodeOverrides(beam_size, 1, length_penalty, max_tokens, tgt_lang=tgt_lang)
         translator, cfg, _ = open_translator(model, device, overrides, ensemble=ensemble)
@@ -324,7 +324,7 @@ def score(
     from .common import read_pairs, write_output
 
     sources, targets = read_pairs(src, tgt)
-    from ..translator import DecodeOverrides
+    from ..decoding.translator import DecodeOverrides
 
     overrides = DecodeOverrides(None, 1, length_penalty, max_tokens, tgt_lang=tgt_lang)
     translator, _, _ = open_translator(model, device, overrides)

@@ -61,8 +61,8 @@ def heads(
     Cost: a forward pass per head, a decode per head (unless --no-bleu) and per pruning.
     Transformers only (an LSTM is refused).
     """
-    from ..heads import HeadsOptions, explain_heads, head_ids, model_pairs, planned_passes
-    from ..heads_page import write_heads_page
+    from ..insight.heads import HeadsOptions, explain_heads, head_ids, model_pairs, planned_passes
+    from ..insight.heads_page import write_heads_page
 
     sources, targets = _read(src, tgt, limit, sentence)
     started = time.perf_counter()
@@ -112,7 +112,7 @@ def _show(report, seconds: float, stream) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from ..head_patterns import KIND_NAMES, PATTERNS
+    from ..insight.head_patterns import KIND_NAMES, PATTERNS
 
     console = Console(file=stream, width=max(Console(file=stream).width, 100))
     table = Table(title="every head", title_justify="left")

@@ -11,10 +11,10 @@ from typing import Annotated
 
 import typer
 
-from ..align_request import AlignRequest, check_request
-from ..align_request import reading as model_reading
 from ..errors import ConfigError, DataError
-from . import looking_options as lo
+from ..insight.align_request import AlignRequest, check_request
+from ..insight.align_request import reading as model_reading
+from . import options as opt
 from .app import command
 from .common import (
     FileProgress,
@@ -48,11 +48,12 @@ def _check_number(option: str, value: int | None, count: int, what: str) -> int 
 
 
 @command(inputs=("model", "input_", "tgt", "gold"), outputs={"out": Output(folder=True), "html": Output()})
-def plot(model: ModelArg, sentences: lo.Sentences = None, input_: InputOpt = None, limit: lo.Limit = None,
-         out: lo.FiguresOut = None, html: lo.Html = None, tgt: lo.PlotTgt = None, gold: lo.PlotGold = None,
-         one_based: lo.PlotOneBased = False, layer: lo.PlotLayer = None, head: lo.PlotHead = None,
-         self_: lo.SelfAttention = False, words: lo.PlotWords = False, fmt: FormatOpt = "png",
-         dpi: DpiOpt = 100, beam_size: BeamOpt = None, device: DeviceOpt = "auto") -> None:
+def plot(model: ModelArg, sentences: opt.Sentences = None, input_: InputOpt = None,
+         limit: opt.Limit = None, out: opt.FiguresOut = None, html: opt.Html = None, tgt: opt.PlotTgt = None,
+         gold: opt.PlotGold = None, one_based: opt.PlotOneBased = False, layer: opt.PlotLayer = None,
+         head: opt.PlotHead = None, self_: opt.SelfAttention = False, words: opt.PlotWords = False,
+         fmt: FormatOpt = "png", dpi: DpiOpt = 100, beam_size: BeamOpt = None,
+         device: DeviceOpt = "auto") -> None:
     """Translate sentences, then draw the model's attention on each sentence and its translation.
 
     The translation is read back under teacher forcing, so every layer and head is there: an LSTM's one
@@ -64,9 +65,9 @@ def plot(model: ModelArg, sentences: lo.Sentences = None, input_: InputOpt = Non
     (with --self); any layer, head or their average; a heatmap or a line view; pieces or words; the word
     alignment that align extracts drawn on top (with --tgt and --gold, coloured by gold, with each AER).
     """
-    from ..attention_maps import HeatmapOptions, draw_attention
+    from ..insight.attention_maps import HeatmapOptions, draw_attention
+    from ..insight.plot import KIND_TITLES
     from ..models import attention_layout
-    from ..plot import KIND_TITLES
 
     _check_plot_options(out, html, tgt, gold, layer, head, words)
     lines = sentences_or_input(sentences, input_)
@@ -112,9 +113,9 @@ def _check_plot_options(out: Path | None, html: Path | None, tgt: Path | None, g
 def _explore(translator, cfg, checkpoint: Path, lines, limit, html: Path, tgt: Path | None, gold: Path | None,
              one_based: bool, kinds) -> None:
     """``plot --html``: read the sources (and targets, gold), write the explorer page."""
-    from ..alignment import read_gold
-    from ..attention_maps import default_align_options, explore
-    from ..data import read_lines
+    from ..data.readers import read_lines
+    from ..insight.alignment import read_gold
+    from ..insight.attention_maps import default_align_options, explore
 
     sources = list(itertools.islice(lines, limit))
     if not sources:
@@ -148,8 +149,8 @@ def _reverse_model(model: Path, cfg, reverse: Path, device, beam_size):
 def _calibrate(translator, cfg, checkpoint: Path, sources, targets, gold_path: Path, src: Path,
                one_based: bool, reading: dict) -> None:
     """``align --calibrate``: every reading's AER on the dev set, the best stored in the run folder."""
-    from ..alignment import AlignOptions, calibration_file, read_gold
-    from ..attention_maps import calibrate
+    from ..insight.alignment import AlignOptions, calibration_file, read_gold
+    from ..insight.attention_maps import calibrate
     from ..runfiles import atomic_write_text
 
     path = calibration_file(checkpoint)
@@ -175,13 +176,13 @@ def _calibrate(translator, cfg, checkpoint: Path, sources, targets, gold_path: P
 
 @command(inputs=("model", "src", "tgt", "gold", "reverse", "calibrate_"),
          outputs={"output": Output(), "hyp_out": Output()})
-def align(model: ModelArg, src: lo.Src, tgt: lo.AlignTgt = None, gold: lo.AlignGold = None,
-          layer: lo.AlignLayer = None, heads: lo.AlignHeads = None, shift: lo.Shift = False,
-          method: lo.Method = "mutual", reverse: lo.Reverse = None, symmetrize_: lo.Symmetrize = None,
-          word_rule: lo.Words = "merged", threshold: lo.Threshold = 0.3, one_based: lo.AlignOneBased = False,
-          output: lo.AlignOutput = None, hyp_out: lo.HypOut = None, json_: lo.ScoresJson = False,
-          calibrate_: lo.Calibrate = None, from_: lo.From = "attention", steps: StepsOpt = 64,
-          beam_size: BeamOpt = None, device: DeviceOpt = "auto") -> None:
+def align(model: ModelArg, src: opt.Src, tgt: opt.AlignTgt = None, gold: opt.AlignGold = None,
+          layer: opt.AlignLayer = None, heads: opt.AlignHeads = None, shift: opt.Shift = False,
+          method: opt.Method = "mutual", reverse: opt.Reverse = None, symmetrize_: opt.Symmetrize = None,
+          word_rule: opt.Words = "merged", threshold: opt.Threshold = 0.3,
+          one_based: opt.AlignOneBased = False, output: opt.AlignOutput = None, hyp_out: opt.HypOut = None,
+          json_: opt.ScoresJson = False, calibrate_: opt.Calibrate = None, from_: opt.From = "attention",
+          steps: StepsOpt = 64, beam_size: BeamOpt = None, device: DeviceOpt = "auto") -> None:
     """Word alignments from cross-attention under teacher forcing, in Pharaoh format (one line per pair).
 
     Words are the space-separated tokens of each line; the attention over a word's pieces is merged
@@ -191,8 +192,8 @@ def align(model: ModelArg, src: lo.Src, tgt: lo.AlignTgt = None, gold: lo.AlignG
     With --gold, print AER, precision and recall (Och & Ney 2003); the alignments are then written
     only with --output.
     """
-    from ..alignment import alignment_scores, format_pharaoh, read_gold
-    from ..attention_maps import align_corpus
+    from ..insight.alignment import alignment_scores, format_pharaoh, read_gold
+    from ..insight.attention_maps import align_corpus
 
     check_request(AlignRequest(tgt, gold, hyp_out, output, layer, heads, shift, threshold, reverse,
                                symmetrize_.value if symmetrize_ is not None else None, from_.value,
@@ -267,7 +268,7 @@ def plot_curves(
                                       "(train.plot_every) as GIFs.")] = False,
 ) -> None:
     """Training curves (train loss, dev loss, dev BLEU and chrF against the step) as one PNG."""
-    from ..curves import animate_run, run_curves
+    from ..insight.curves import animate_run, run_curves
 
     typer.echo(f"wrote {run_curves(run_dir, out)}")
     if gif:

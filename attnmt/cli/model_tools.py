@@ -21,8 +21,8 @@ def average(
                                       show_default=False)],
 ) -> None:
     """Average the parameters of several checkpoints into one that translate and eval accept."""
-    from ..averaging import average_checkpoints
-    from ..checkpoint import save_payload
+    from ..models.checkpoint import save_payload
+    from ..training.averaging import average_checkpoints
 
     if len(checkpoints) < 2:
         raise ConfigError(f"average needs at least two checkpoints, got {len(checkpoints)}")
@@ -43,8 +43,8 @@ def info(
     from rich.console import Console
     from rich.table import Table
 
-    from ..checkpoint import model_spec
     from ..models import build_model, parameter_counts
+    from ..models.checkpoint import model_spec
 
     spec = model_spec(target, set_)
     try:
@@ -78,7 +78,7 @@ def export(
 ) -> None:
     """Export a Transformer checkpoint for CTranslate2, with its sentencepiece models: translate and eval
     then accept OUT in place of MODEL (needs the ct2 extra: pip install 'attnmt[ct2]')."""
-    from ..ctranslate import export_ctranslate2
+    from ..decoding.ctranslate import export_ctranslate2
 
     manifest = export_ctranslate2(model, out, quantization.value)
     typer.echo(f"exported {manifest['checkpoint']} to {out} ({to.value}, {quantization.value})")

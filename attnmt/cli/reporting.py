@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from ..runlog import Event, Finished, Message, NonfiniteRecord, Started, TrainRecord, ValidRecord
+from ..training.runlog import Event, Finished, Message, NonfiniteRecord, Started, TrainRecord, ValidRecord
 
 
 def print_corpus_statistics(report) -> None:

@@ -17,7 +17,7 @@ from typing import Annotated
 
 import typer
 
-from ..choices import Device
+from ..config.choices import Device
 from ..errors import ConfigError, ResourceError
 from .app import command
 from .common import open_translator
@@ -73,7 +73,7 @@ def serve(
     API's documentation at /docs. SIGTERM stops accepting, finishes what is in flight and exits 0. Every
     request is checked against the limits (stated in /info) before it is queued."""
     _needs_the_extra()
-    from ..serve_limits import Limits
+    from ..serve.limits import Limits
 
     limits = Limits(max_sentences, max_chars, max_beam, max_phrases, max_request_seconds, bulk_above)
     if not all(math.isfinite(x) for x in (max_wait_ms, grace, max_request_seconds)):
@@ -97,7 +97,7 @@ def _needs_the_extra() -> None:
     try:
         import uvicorn  # noqa: F401
 
-        from ..server import create_app  # noqa: F401
+        from ..serve.server import create_app  # noqa: F401
     except ImportError as e:
         raise ConfigError(f"attnmt serve needs the 'serve' extra ({e.name} is missing): "
                           "pip install 'attnmt[serve]'") from None
@@ -139,8 +139,8 @@ def _run(sock, translator, cfg, path: Path, batching: tuple[int, float, int], li
     ``batching``: the budget in pieces, the wait in seconds and the decoders' intra-op threads."""
     import uvicorn
 
-    from ..serve_api import AccessLog, Served, page_html
-    from ..server import create_app
+    from ..serve.api import AccessLog, Served, page_html
+    from ..serve.server import create_app
 
     info = {**_describe(translator, cfg, path), "decoder_threads": batching[2]}
     host, port = sock.getsockname()[:2]
@@ -192,8 +192,8 @@ def _run(sock, translator, cfg, path: Path, batching: tuple[int, float, int], li
 def _lanes(translator, path: Path, batching: tuple[int, float, int], limits) -> tuple:
     """The interactive lane and, with ``limits.bulk_above``, the bulk lane: each a decoder process (the
     bulk one at the lowest priority) and a batcher over it; both decoders load the model at once."""
-    from ..batcher import Batcher, Lane, Lanes
-    from ..decoder_process import DecoderProcess
+    from ..serve.batcher import Batcher, Lane, Lanes
+    from ..serve.decoder_process import DecoderProcess
 
     opener = functools.partial(open_translator, path, Device(translator.device.type))
     niceness = {"interactive": 0, "bulk": 19} if limits.bulk_above else {"interactive": 0}

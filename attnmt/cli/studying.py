@@ -1,5 +1,5 @@
 """``study``: one model per attention variant on the same data and budget, measured and reported
-(``study.py``, ``study_measure.py``, ``study_report.py``)."""
+(``study/run.py``, ``study/measure.py``, ``study/report.py``)."""
 
 from __future__ import annotations
 
@@ -41,8 +41,8 @@ def study(
     tokens/s, decoding sentences/s, peak memory, the kernels' growth with length and one sentence's
     attention under every variant. A finished variant is never trained again: run the same command to go on
     after an interruption, or with more --variants to add some."""
-    from ..config import load_config
-    from ..study import Study, StudyInterrupted, parse_variants, run_study
+    from ..config.schema import load_config
+    from ..study.run import Study, StudyInterrupted, parse_variants, run_study
 
     names = parse_variants(variants)
     base = load_config(config, set_ or [])

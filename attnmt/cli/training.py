@@ -18,7 +18,7 @@ TOY_MAX = 10_000_000
 
 
 def _load(config: Path, overrides: list[str] | None):
-    from .. import config as config_module
+    from ..config import schema as config_module
 
     return config_module.load_config(config, overrides or [])
 
@@ -44,7 +44,7 @@ def prepare(
 ) -> None:
     """Clean the data, train or load the tokenizer, encode the corpora and print corpus statistics."""
     cfg = _load(config, set_)
-    from ..prepare import prepare as run_prepare
+    from ..data.prepare import prepare as run_prepare
     from ..runfiles import RunLock
 
     run = _run_dir(cfg, run_dir, name_it=False)
@@ -66,7 +66,7 @@ def toy_data(
     lang: Annotated[ToyLanguage, typer.Option("--lang", help="The target language.")] = "de",
 ) -> None:
     """Write the embedded toy task (English -> German or Chinese dates) with its gold word alignments."""
-    from ..toy import write_toy
+    from ..data.toy import write_toy
 
     files = write_toy(out_dir, {"train": train_size, "dev": dev_size, "test": test_size}, seed, lang.value)
     typer.echo(f"wrote {len(files)} files to {out_dir}")
@@ -83,11 +83,11 @@ def train(
 ) -> None:
     """Train a model from a config; a run folder that has a checkpoint resumes where it stopped."""
     cfg = _load(config, set_)
-    from ..distributed import environment_rank
-    from ..faults import NO_FAULTS, Faults
     from ..runfiles import RunLock
-    from ..runstart import preflight
-    from ..train import Interrupted, fit
+    from ..training.distributed import environment_rank
+    from ..training.faults import NO_FAULTS, Faults
+    from ..training.runstart import preflight
+    from ..training.trainer import Interrupted, fit
     from .reporting import TrainReporter
 
     preflight(cfg)  # before the run folder is made

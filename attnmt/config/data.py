@@ -21,8 +21,8 @@ from pydantic import StrictInt as Int
 from pydantic import StrictStr as Str
 
 from ..errors import ConfigError
-from ..model_config import PositiveInt, Section
-from ..specials import reserved_because
+from .model import PositiveInt, Section
+from .specials import reserved_because
 
 LangCode = Annotated[str, StringConstraints(strict=True, pattern=r"^[A-Za-z][A-Za-z0-9_-]*$")]
 Token = Annotated[str, StringConstraints(strict=True, pattern=r"^\S+$")]

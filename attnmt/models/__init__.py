@@ -2,15 +2,15 @@
 
 Adding an architecture: a module here with a class that takes (its config slice, source vocabulary size,
 target vocabulary size, pad id) and satisfies ``protocol.TranslationModel``, an entry in ``ARCHS``, its
-config section in ``config.py``, and its attention layout in ``attention_layout``. Nothing in
-``decode.py`` changes.
+config section in ``config/model.py``, and its attention layout in ``attention_layout``. Nothing in
+``decoding/search.py`` changes.
 """
 
 from __future__ import annotations
 
 from torch import nn
 
-from ..config import LSTMConfig, TransformerConfig
+from ..config.schema import LSTMConfig, TransformerConfig
 from .ensemble import Ensemble
 from .lstm import LSTMModel
 from .protocol import DecoderState, ModelOutput, TranslationModel, take_rows

@@ -20,9 +20,9 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from ..attention import Attention
-from ..config import LSTMConfig
-from ..dropout import Dropout
+from ..config.schema import LSTMConfig
+from .attention import Attention
+from .dropout import Dropout
 from .protocol import DecoderState, ModelOutput, per_row, per_sentence, select_rows, to_blocks
 
 

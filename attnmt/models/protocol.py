@@ -1,7 +1,7 @@
 """What every architecture gives the trainer and the decoder: ``TranslationModel`` and its decoding states.
 
 Teacher forcing: ``model(batch, need_attention, align_layer)`` returns a ``ModelOutput``. Decoding goes
-through three calls that ``decode.py`` relies on, and nothing else:
+through three calls that ``decoding/search.py`` relies on, and nothing else:
 
 - ``encode(src, src_mask) -> state``: run the encoder once; the state holds what every step needs;
 - ``step(tokens (N,), state, need_attention) -> (logits (N, V), state, attention (N, S) or None)``:

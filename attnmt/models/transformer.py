@@ -17,11 +17,11 @@ import torch
 import torch.utils.checkpoint
 from torch import nn
 
-from ..attention import MultiHeadAttention
-from ..config import TransformerConfig
-from ..dropout import Dropout
-from ..kernel_modules import LinformerKernel, PerformerKernel
-from ..kernels import Kernel, sparse_attention
+from ..config.schema import TransformerConfig
+from .attention import MultiHeadAttention
+from .dropout import Dropout
+from .kernel_modules import LinformerKernel, PerformerKernel
+from .kernels import Kernel, sparse_attention
 from .protocol import DecoderState, ModelOutput, per_sentence, select_rows
 
 

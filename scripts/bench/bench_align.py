@@ -5,17 +5,17 @@ run.
         --reverse /work/runs_bench/m30k_en_de
 
 Multi30k has no gold alignments, so eflomal (Östling & Tiedemann 2016, an unsupervised Bayesian HMM with
-fertility, the usual strong statistical aligner) stands in for the reference: its links, the two
-directions symmetrized with grow-diag-final-and, are the sure links against which every attnmt alignment
-of the split gets precision, recall, F1 and AER (``attnmt.alignment.alignment_scores``; AER with only sure
-links is 1 - F1). Each one's F1 against eflomal's forward-only and intersection alignments is beside it.
+fertility, the usual strong statistical aligner) stands in for the reference: its links, the two directions
+symmetrized with grow-diag-final-and, are the sure links against which every attnmt alignment of the split
+gets precision, recall, F1 and AER (``attnmt.insight.alignment.alignment_scores``; AER with only sure links is
+1 - F1). Each one's F1 against eflomal's forward-only and intersection alignments is beside it.
 
 eflomal learns from a corpus, so it aligns the first ``--eflomal-train`` training pairs (default all
 29,000) and the split together, both directions in one call (its defaults: model 3, 3 samplers, iterations
 scaled to the corpus size; its sampler seeds from the clock, so its links vary a little from run to run),
 and the split's lines are kept. Its two directions are symmetrized with attnmt's ``symmetrize``, the same
 heuristic ``attnmt align --reverse`` uses. Words on both sides are what ``attnmt align`` reads: the
-space-separated tokens of each cleaned line (``attnmt.words.segment``), punctuation attached as Multi30k
+space-separated tokens of each cleaned line (``attnmt.data.words.segment``), punctuation attached as Multi30k
 writes it; eflomal lowercases its copy for its statistics, which leaves the word indices alone.
 
 attnmt: ``attnmt align MODEL --src SPLIT.de.gz --tgt SPLIT.en.gz --output FILE`` as a subprocess, one
@@ -44,8 +44,8 @@ and the de/en file names swapped)::
     attnmt train /work/runs_bench/multi30k_en_de_transformer.yaml --run-dir /work/runs_bench/m30k_en_de \\
         --set train.max_minutes=15
 
-``--smoke`` is CI's smoke run (``tests/test_scripts_smoke.py``), its numbers meaningless: no warm-up command,
-the first configuration only (and its twin aligned both ways with ``--reverse``).
+``--smoke`` is CI's smoke run (``tests/scripts/test_scripts_smoke.py``), its numbers meaningless: no warm-up
+command, the first configuration only (and its twin aligned both ways with ``--reverse``).
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def attnmt_align(model: Path, reverse: Path | None, flags: list[str], src: Path,
 def agreement(predicted: list, references: dict) -> dict:
     """Precision, recall, F1 and AER against eflomal's grow-diag-final-and links as sure links, and F1
     against its forward and intersection links."""
-    from attnmt.alignment import alignment_scores
+    from attnmt.insight.alignment import alignment_scores
 
     scores = {}
     for name in (HEURISTIC, "forward", "intersection"):
@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> None:
              "all_sents_per_s": round(n_all / took, 1),
              "file": str(args.out / f"eflomal.{HEURISTIC}.txt"),
              "agreement": agreement(references[HEURISTIC], references), "self_f1_other_rounds": self_f1}]
-    from attnmt.tokenizer import load_tokenizer
+    from attnmt.data.tokenizer import load_tokenizer
 
     # The model's pieces: its run folder's tokenizer (a checkpoint lies in RUN/checkpoints/).
     tokenizer = load_tokenizer((args.model if args.model.is_dir() else args.model.parents[1]) / "tokenizer")

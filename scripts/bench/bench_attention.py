@@ -1,9 +1,9 @@
-"""Time and peak memory of the attention kernels on the CPU against sequence length (``attnmt.growth``).
+"""Time and peak memory of the attention kernels on the CPU against sequence length (``attnmt.study.growth``).
 
 Encoder self-attention, no mask, not causal: batch 1, 4 heads, d_model 256 (d_head 64), forward under
 torch.no_grad and forward + backward, each (kernel, length, mode, time or memory) in a fresh child process;
-how each is measured is in ``attnmt/growth.py``. The growth exponent is the slope of log(value) on log(n)
-over n >= 1024, printed beside the exponent the tutorials claim (within 0.25: ok).
+how each is measured is in ``attnmt/study/growth.py``. The growth exponent is the slope of log(value)
+on log(n) over n >= 1024, printed beside the exponent the tutorials claim (within 0.25: ok).
 
     python scripts/bench/bench_attention.py                          # every kernel, 64 .. 8192
     python scripts/bench/bench_attention.py --max-len 1024 --repeats 2 --kernels math linear
@@ -18,7 +18,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: script
 
 from scriptargs import Number, ScriptParser, guarded
 
-from attnmt.growth import CLAIMED, COMPLEXITY, LENGTHS, MODES, claimed_within, fit_lengths, measure_growth
+from attnmt.study.growth import (
+    CLAIMED,
+    COMPLEXITY,
+    LENGTHS,
+    MODES,
+    claimed_within,
+    fit_lengths,
+    measure_growth,
+)
 
 
 def fmt(value: float | None, spec: str) -> str:

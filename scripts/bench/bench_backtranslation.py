@@ -9,8 +9,8 @@ half; translate the monolingual English into German with ``translate --sampling`
 best, as Edunov et al. 2018 advise); then train German to English twice for the same minutes, on the parallel
 half alone and with the back-translations added as a second corpus tagged ``<bt>`` (``data.train: [{...},
 {..., tag: <bt>, weight: W}]``), and score both on the test set. ``--smoke`` is CI's smoke run
-(``tests/test_scripts_smoke.py``), its numbers meaningless: the recipe's smallest model and a 100-piece
-vocabulary (``benchlib.smoke_config``), each training a few steps instead of ``--minutes``.
+(``tests/scripts/test_scripts_smoke.py``), its numbers meaningless: the recipe's smallest model and a
+100-piece vocabulary (``benchlib.smoke_config``), each training a few steps instead of ``--minutes``.
 """
 
 from __future__ import annotations

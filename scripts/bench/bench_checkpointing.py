@@ -39,8 +39,8 @@ def child(depth: int, length: int, batch: int, threads: int, on: bool) -> dict:
     import torch
 
     sys.path.insert(0, str(REPO))
-    from attnmt.batching import collate
-    from attnmt.config import TransformerConfig
+    from attnmt.config.schema import TransformerConfig
+    from attnmt.data.batching import collate
     from attnmt.models import build_model
 
     torch.set_num_threads(threads)

@@ -55,11 +55,11 @@ def attnmt_train(direction: str, minutes: float, run: Path) -> None:
 def export(run: Path, work: Path) -> dict:
     """The run's training pairs and the dev/test sets as plain files for JoeyNMT, its sentencepiece model,
     and a JoeyNMT vocabulary file (the pieces in id order)."""
-    from attnmt.batching import load_split
-    from attnmt.config import load_config
-    from attnmt.data import read_corpus
+    from attnmt.config.schema import load_config
+    from attnmt.data.batching import load_split
+    from attnmt.data.readers import read_corpus
+    from attnmt.data.tokenizer import load_tokenizer
     from attnmt.runfiles import RunDir
-    from attnmt.tokenizer import load_tokenizer
 
     cfg = load_config(RunDir(run).config)
     src, tgt = cfg.data.src_lang, cfg.data.tgt_lang
@@ -120,7 +120,7 @@ def joey_train(config: Path, minutes: float) -> float:
 
 
 def score(info: dict, hyps: list[str], metrics=("bleu", "chrf")) -> dict:
-    from attnmt.metrics import corpus_scores
+    from attnmt.decoding.metrics import corpus_scores
 
     refs = (info["work"] / f"test.{info['tgt']}").read_text(encoding="utf-8").splitlines()
     scores = corpus_scores(hyps, [refs], metrics, tgt_lang=info["tgt"])

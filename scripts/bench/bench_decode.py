@@ -52,7 +52,7 @@ torch threads everywhere. The sentences are ``--data``'s test_2016_flickr.de.gz 
 run's, ``runs/multi30k_de_en_transformer/tokenizer``; the model's vocabulary is the tokenizer's);
 ``--limit N`` takes the first N sentences, ``--beams`` the beam widths (1 and 5), ``--quantizations`` the
 exports (float32 and int8). ``--smoke``, for CI: a 1+1-layer model of width 32 and one call of each of
-``--parts``' pieces (``tests/test_scripts_smoke.py`` runs every part this way on the toy task).
+``--parts``' pieces (``tests/scripts/test_scripts_smoke.py`` runs every part this way on the toy task).
 """
 
 from __future__ import annotations
@@ -93,8 +93,8 @@ def read_sources(path: Path) -> list[str]:
 
 def search_pass(model, id_batches, beam: int, **limits) -> int:
     """One pass of attnmt's own search over ``id_batches``; returns the tokens generated (EOS left out)."""
-    from attnmt.batching import collate
-    from attnmt.decode import beam_search, greedy_search
+    from attnmt.data.batching import collate
+    from attnmt.decoding.search import beam_search, greedy_search
 
     generated = 0
     for ids in id_batches:
@@ -152,9 +152,9 @@ class Setup:
 
 
 def trained(paths: list[Path], runs: int, setup: Setup) -> list[dict]:
-    from attnmt import fastpath
-    from attnmt.checkpoint import load_model
-    from attnmt.data import clean
+    from attnmt.data.readers import clean
+    from attnmt.decoding import fastpath
+    from attnmt.models.checkpoint import load_model
 
     rows = []
     lines = read_sources(setup.source)[:setup.limit]
@@ -192,11 +192,11 @@ def equal_work_setup(setup: Setup) -> Work:
     the same either way; ``Ct2Translator`` decodes every such output a second time with BOS suppressed)."""
     import torch
 
-    from attnmt import fastpath
-    from attnmt.config import TransformerConfig
-    from attnmt.data import clean
+    from attnmt.config.schema import TransformerConfig
+    from attnmt.data.readers import clean
+    from attnmt.data.tokenizer import BOS_ID, load_tokenizer
+    from attnmt.decoding import fastpath
     from attnmt.models import build_model
-    from attnmt.tokenizer import BOS_ID, load_tokenizer
 
     if not setup.tokenizer.exists():  # any 8,000-piece segmentation of similar length does the same work
         sys.exit(f"no Multi30k tokenizer at {setup.tokenizer}: "
@@ -260,8 +260,9 @@ def random_checkpoint(work: Work, path: Path, length: int, source: Path) -> None
     it back."""
     import torch
 
-    from attnmt import __version__, checkpoint
-    from attnmt.config import config_from_dict
+    from attnmt import __version__
+    from attnmt.config.schema import config_from_dict
+    from attnmt.models import checkpoint
 
     data = {
         "data": {"src_lang": "de", "tgt_lang": "en", "train": {"src": str(source), "tgt": str(source)}},
@@ -312,7 +313,7 @@ def ct2_raw_pass(translator, piece_batches, beam: int, length: int) -> int:
 def ct2_setup(work: Work, tmp: Path, setup: Setup) -> tuple[Path, dict[str, Path]]:
     """The random-weight checkpoint and its exports (float32 and int8) in ``tmp`` (made once; the
     processes that time them find them there)."""
-    from attnmt.ctranslate import export_ctranslate2
+    from attnmt.decoding.ctranslate import export_ctranslate2
 
     ckpt, folders = tmp / "random.pt", {q: tmp / f"ct2_{q}" for q in setup.quantizations}
     if not ckpt.exists():
@@ -339,9 +340,9 @@ def ct2_pass(work: Work, tmp: Path, setup: Setup, engine: str, beam: int) -> Pas
     import ctranslate2
     import torch
 
-    from attnmt.batching import token_batches
-    from attnmt.ctranslate import Ct2Translator, read_export
-    from attnmt.translator import DecodeOverrides, Translator
+    from attnmt.data.batching import token_batches
+    from attnmt.decoding.ctranslate import Ct2Translator, read_export
+    from attnmt.decoding.translator import DecodeOverrides, Translator
 
     length, threads, size = setup.length, setup.threads, setup.batch_size
     _, folders = ct2_setup(work, tmp, setup)
@@ -393,10 +394,10 @@ def ct2_check(work: Work, tmp: Path, setup: Setup) -> None:
     limit), and whether its greedy outputs are attnmt's on the first batch."""
     import torch
 
-    from attnmt.batching import collate
-    from attnmt.ctranslate import Ct2Translator, read_export
-    from attnmt.decode import greedy_search
-    from attnmt.translator import DecodeOverrides
+    from attnmt.data.batching import collate
+    from attnmt.decoding.ctranslate import Ct2Translator, read_export
+    from attnmt.decoding.search import greedy_search
+    from attnmt.decoding.translator import DecodeOverrides
 
     length = setup.length
     _, folders = ct2_setup(work, tmp, setup)
@@ -462,8 +463,8 @@ def parts(reps: int, calls: int = 20) -> list[dict]:
     import torch
     import torch.nn.functional as F
 
-    from attnmt.fastpath import PackedLinear
-    from attnmt.kernels import math_attention, sdpa_attention
+    from attnmt.decoding.fastpath import PackedLinear
+    from attnmt.models.kernels import math_attention, sdpa_attention
 
     def timed(fn) -> float:
         fn()
@@ -758,10 +759,10 @@ def main(argv: list[str] | None = None) -> None:
 
     import torch
 
-    from attnmt.runtime import keep_freed_memory
+    from attnmt.cli.runtime import keep_freed_memory
 
     torch.set_num_threads(args.threads)
-    # As `attnmt translate` and `attnmt eval` do (attnmt/runtime.py); --no-malloc-tuning measures without.
+    # As `attnmt translate` and `attnmt eval` do (attnmt/cli/runtime.py); --no-malloc-tuning measures without.
     tuned = not args.no_malloc_tuning and keep_freed_memory()
     print(f"malloc tuning: {'on' if tuned else 'off'}", flush=True)
     if args.parts:

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: script
 from scriptargs import InputFile, Number, ScriptParser, guarded
 
 from attnmt.errors import ConfigError
-from attnmt.explorer import ExplorerSentence, explorer_html, write_explorer
+from attnmt.insight.explorer import ExplorerSentence, explorer_html, write_explorer
 
 SYLLABLES = ["ein", "mann", "fahr", "rad", "der", "die", "hund", "spiel", "en", "t", "er", "ball", "auf",
              "dem", "gras", "frau", "kind", "lauf", "st", "wasser", "rot", "blau", "s", "ung"]

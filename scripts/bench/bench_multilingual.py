@@ -10,7 +10,7 @@ trained ``--minutes`` x pairs, all from the same base config (its model and trai
 The runs go one after the other (give the machine to them alone); a run folder that exists is continued, so an
 interrupted benchmark goes on where it stopped. The single-pair models keep the base config's vocabulary size;
 the multilingual one has one joint tokenizer over every language. ``--smoke`` is CI's smoke run
-(``tests/test_scripts_smoke.py``), its numbers meaningless: the base's smallest model and a 100-piece
+(``tests/scripts/test_scripts_smoke.py``), its numbers meaningless: the base's smallest model and a 100-piece
 vocabulary (``benchlib.smoke_config``), each training a few steps instead of ``--minutes``.
 """
 
@@ -74,7 +74,7 @@ def score(run: Path, data: Path, src: str, tgt: str) -> dict:
 
 
 def steps_of(run: Path) -> int:
-    from attnmt.checkpoint import read_pointer
+    from attnmt.models.checkpoint import read_pointer
     from attnmt.runfiles import RunDir
 
     return int(read_pointer(RunDir(run), "latest")["file"].removeprefix("step_").removesuffix(".pt"))

@@ -23,9 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: script
 from scriptargs import InputFile, Model, Number, OutputFile, ScriptParser, guarded
 
 from attnmt.cli.common import open_translator
-from attnmt.data import read_lines
+from attnmt.data.readers import read_lines
+from attnmt.decoding.translator import DecodeOverrides
 from attnmt.errors import DataError
-from attnmt.translator import DecodeOverrides
 
 
 def build_parser() -> ScriptParser:

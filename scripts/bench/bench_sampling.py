@@ -41,8 +41,8 @@ def sets(items: list[str]) -> list[str]:
 
 def write_test_set(config: Path, overrides: list[str], root: Path) -> tuple[Path, Path, int]:
     """The config's test pairs, cleaned as prepare cleans them, as two files under ``root``."""
-    from attnmt.config import load_config
-    from attnmt.data import read_corpus
+    from attnmt.config.schema import load_config
+    from attnmt.data.readers import read_corpus
 
     cfg = load_config(config, overrides)
     corpus = read_corpus(cfg.data.test, "test")
@@ -54,7 +54,7 @@ def write_test_set(config: Path, overrides: list[str], root: Path) -> tuple[Path
 
 def progress_of(run: Path) -> dict:
     """The latest checkpoint's counters: steps, epochs, tokens and seconds of training."""
-    from attnmt.checkpoint import load_checkpoint, read_pointer
+    from attnmt.models.checkpoint import load_checkpoint, read_pointer
     from attnmt.runfiles import RunDir
 
     latest = read_pointer(RunDir(run), "latest")
@@ -68,11 +68,11 @@ def sampled_length(config: Path, overrides: list[str], run: Path,
                    examples: int = 2000) -> tuple[float, float]:
     """How much longer sampling makes the training pairs: their pieces (both sides) at epoch 0 over their
     deterministic pieces, on the first ``examples`` pairs; and the draws' CPU milliseconds per sentence."""
-    from attnmt.batching import load_split
-    from attnmt.config import load_config
+    from attnmt.config.schema import load_config
+    from attnmt.data.batching import load_split
+    from attnmt.data.tokenizer import load_tokenizer
     from attnmt.runfiles import RunDir
-    from attnmt.runstart import resampler
-    from attnmt.tokenizer import load_tokenizer
+    from attnmt.training.runstart import resampler
 
     split = load_split(RunDir(run), "train")
     sampler = resampler(load_config(config, overrides), split, load_tokenizer(RunDir(run).tokenizer))
@@ -131,7 +131,7 @@ def variants(args) -> dict[str, list[str]]:
 
 def check_test_set(args) -> None:
     """Both runs' settings load (the config's check loads the sampling run's), and there is a test set."""
-    from attnmt.config import load_config
+    from attnmt.config.schema import load_config
 
     if load_config(args.config, variants(args)["plain"]).data.test is None:
         raise ConfigError(f"{args.config}: the config has no data.test to score on")

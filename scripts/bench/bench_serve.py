@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: script
 
 from scriptargs import InputFile, Model, Number, OutputFile, ScriptParser, guarded, require_module
 
-from attnmt.data import read_lines
+from attnmt.data.readers import read_lines
 from attnmt.errors import ConfigError
 
 
@@ -212,7 +212,7 @@ def group_rates(model: str, sentences: list[str], sizes: list[int], beam: int) -
     in their order ("arrival") and sorted by length first ("sorted": about what continuous batching,
     which keeps N rows decoding whatever their lengths, could reach)."""
     from attnmt.cli.common import open_translator
-    from attnmt.translator import DecodeOverrides
+    from attnmt.decoding.translator import DecodeOverrides
 
     translator, _, _ = open_translator(Path(model), overrides=DecodeOverrides(beam))
     translator.translate(sentences[:8])  # warm

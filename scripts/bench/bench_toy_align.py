@@ -9,8 +9,8 @@ Trains ``configs/toy_transformer.yaml`` (unguided), ``configs/toy_transformer_gu
 unless ``--no-reverse``, the unguided recipe in the other direction (German to English, the same toy pairs
 written out by ``attnmt toy-data``), unless the run folders under ``--out`` already hold a finished run.
 Prints a markdown table and writes ``--out/toy_align.json``. ``--smoke`` is CI's smoke run
-(``tests/test_scripts_smoke.py``), its numbers meaningless: 200/20/20 toy pairs, the recipes' smallest model
-(with their two decoder layers) for a few steps, one reading of each model.
+(``tests/scripts/test_scripts_smoke.py``), its numbers meaningless: 200/20/20 toy pairs, the recipes' smallest
+model (with their two decoder layers) for a few steps, one reading of each model.
 
 With ``--sources`` it also measures where the alignments of a real corpus (one without gold) could come from
 for guided training: the guided recipe is trained again on the toy training pairs aligned (a) by the
@@ -98,7 +98,7 @@ def eflomal_align(src: Path, tgt: Path, out: Path) -> tuple[list[set], float]:
 
 def sources(out: Path, data: Path, plain: Path, reverse: Path | None) -> list[dict]:
     """Guided training on alignments from attnmt itself and from eflomal instead of the gold."""
-    from attnmt.alignment import alignment_scores, parse_pharaoh, read_gold
+    from attnmt.insight.alignment import alignment_scores, parse_pharaoh, read_gold
 
     made: dict[str, Path] = {}
     own = out / "train.own.align"

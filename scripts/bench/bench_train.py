@@ -16,8 +16,8 @@ peak resident memory, and model FLOP utilisation: the FLOPs of one measured trai
 peak of the precision used (fp32 or bf16), measured in the same run (``torch.mm`` on 2048 x 2048, as
 ``../shared/peers/matmul_peak.py`` does). JoeyNMT runs the peers' configs (same dims, batch 4096 tokens) under
 ``../shared/peers/run_joey.sh`` and its logged target tokens/s is compared with ours. ``--smoke`` is CI's
-smoke run (``tests/test_scripts_smoke.py``), its numbers meaningless: each recipe's smallest model and a
-100-piece vocabulary, the matmul peak on 128 x 128, ``--parts`` each piece once at the smallest sizes.
+smoke run (``tests/scripts/test_scripts_smoke.py``), its numbers meaningless: each recipe's smallest model and
+a 100-piece vocabulary, the matmul peak on 128 x 128, ``--parts`` each piece once at the smallest sizes.
 """
 
 from __future__ import annotations
@@ -69,11 +69,11 @@ def child(arch: str, steps: int, threads: int, data: Path | None, device: str, p
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from attnmt.batching import gather
-    from attnmt.config import load_config
+    from attnmt.config.schema import load_config
+    from attnmt.data.batching import gather
     from attnmt.runfiles import RunDir
-    from attnmt.runlog import quiet
-    from attnmt.train import Trainer
+    from attnmt.training.runlog import quiet
+    from attnmt.training.trainer import Trainer
 
     torch.set_num_threads(threads)
     overrides = [f"train.device={device}", f"train.precision={precision}",
@@ -137,12 +137,12 @@ def parts(threads: int, smoke: bool = False) -> None:
     import torch.nn.functional as F
 
     sys.path.insert(0, str(REPO))
-    from attnmt.config import load_config
-    from attnmt.dropout import dropout
-    from attnmt.kernels import math_attention
-    from attnmt.loss import label_smoothed_nll
+    from attnmt.config.schema import load_config
     from attnmt.models import build_model
-    from attnmt.optim import make_optimizer
+    from attnmt.models.dropout import dropout
+    from attnmt.models.kernels import math_attention
+    from attnmt.models.loss import label_smoothed_nll
+    from attnmt.training.optim import make_optimizer
 
     torch.set_num_threads(threads)
     warmups, calls = (0, 1) if smoke else (2, 10)
@@ -167,7 +167,7 @@ def parts(threads: int, smoke: bool = False) -> None:
         x = torch.randn(rows_, width, dtype=dtype, requires_grad=True)
         rows.append((f"dropout 0.2 on {rows_}x{width} {str(dtype)[6:]}", "F.dropout (bernoulli_)",
                      ms(lambda x=x: F.dropout(x, 0.2, True).sum().backward()),
-                     "attnmt.dropout (rand)", ms(lambda x=x: dropout(x, 0.2).sum().backward())))
+                     "attnmt.models.dropout (rand)", ms(lambda x=x: dropout(x, 0.2).sum().backward())))
     logits = torch.randn(1, pieces, vocabulary, requires_grad=True)
     target = torch.randint(1, vocabulary, (1, pieces))
 

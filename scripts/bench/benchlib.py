@@ -16,8 +16,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 
-# --smoke, CI's smoke run of a benchmark that trains (tests/test_scripts_smoke.py): its recipe with the
-# smallest model of its architecture, a 100-piece vocabulary and a few steps on the CPU. Its numbers mean
+# --smoke, CI's smoke run of a benchmark that trains (tests/scripts/test_scripts_smoke.py): its recipe with
+# the smallest model of its architecture, a 100-piece vocabulary and a few steps on the CPU. Its numbers mean
 # nothing; every step of the benchmark runs as at full size.
 SMOKE_MODEL = {
     "transformer": {"d_model": 16, "n_heads": 2, "enc_layers": 1, "dec_layers": 1, "d_ff": 32},

@@ -1,0 +1,209 @@
+"""``attnmt serve``'s decoder in a process of its own: the model is loaded there and decodes there, so
+the HTTP side keeps Python's interpreter lock to itself.
+
+In one process, the decoding thread held the lock between torch's operations (a few hundred Python steps
+per decoding step) and the event loop took requests in and answers out only between them: under 128
+clients the batches the server could form fell to 6 sentences on average (``scripts/bench/bench_serve.py``).
+Across a pipe, a batch costs one pickle of its lines and one of its translations.
+
+``DecoderProcess(opener, threads, nice, budget)`` starts the child (``spawn``: torch's threads do not
+survive a fork), where ``opener()`` (a picklable callable: ``functools.partial(open_translator, MODEL,
+DEVICE)``) loads the model as ``attnmt translate`` does (``wait_ready`` waits for it);
+``variant(settings)`` gives what ``batcher.Batcher`` calls ``translate`` on, ``draw(text, translation)``
+the explorer's data for one pair. Both block the calling thread (the batcher's) until the child
+answers; an exception in the child is raised again here, as it was when it pickles and as a
+``RuntimeError`` with its line when it does not. The child ignores SIGINT and SIGTERM (the server
+decides when to stop) and leaves when its pipe closes, or at once when the server dies
+(``children.spawn_context``).
+
+``nice``: the child's scheduling priority (the bulk lane's decoder runs at 19, so that the kernel gives
+the cores to the interactive one whenever it has work; ``batcher.Lanes``). ``budget``: seconds a batch
+may take in the child; the model is wrapped (``Budgeted``) so that the search, the word scores or the
+attention maps stop at the first step past it with ``serve_limits.OverBudget``, and the child goes on
+with the next batch. A CTranslate2 export decodes in one call that cannot be cut: its batches are bounded
+by the limits alone.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import threading
+import time
+from collections.abc import Callable
+
+from ..children import spawn_context
+from ..errors import ResourceError
+from ..insight.explorer import Packed
+from .batcher import Settings
+from .limits import OverBudget
+
+KINDS = ("cross", "enc_self", "dec_self")
+
+
+class _Remote:
+    """What ``Batcher`` calls ``translate`` on: one request's settings, decoded in the child."""
+
+    def __init__(self, owner: DecoderProcess, settings: Settings) -> None:
+        self.owner, self.settings = owner, settings
+
+    def translate(self, lines, prefixes=None, words: bool = False, constraints=None):
+        return self.owner.ask("translate", self.settings, list(lines), prefixes, words, constraints)
+
+
+class DecoderProcess:
+    def __init__(self, opener: Callable[[], tuple], threads: int | None, nice: int = 0,
+                 budget: float | None = None) -> None:
+        """Start the child (``wait_ready`` waits for its model)."""
+        context = spawn_context()  # spawn, and the child dies with the server however it ends (children.py)
+        self._conn, child = context.Pipe()
+        self._lock = threading.Lock()
+        self.process = context.Process(target=_child, args=(child, opener, threads, nice, budget),
+                                       name="attnmt-decoder", daemon=True)
+        self.process.start()
+        child.close()
+
+    def wait_ready(self) -> None:
+        """Return once the child has loaded its model (its error if it could not)."""
+        self.ask("ready")
+
+    def variant(self, settings: Settings) -> _Remote:
+        return _Remote(self, settings)
+
+    def draw(self, text: str, translation: str, source_prefix: str = "") -> Packed:
+        """The explorer's data of (``text``, ``translation``), the source read after ``source_prefix``
+        (a multilingual model's language token)."""
+        return self.ask("draw", text, translation, source_prefix)
+
+    def ask(self, *message):
+        with self._lock:
+            try:
+                self._conn.send(message)
+                status, value = self._conn.recv()
+            except (EOFError, OSError, BrokenPipeError):
+                code = self.process.exitcode
+                raise ResourceError(f"the decoding process stopped (exit code {code})") from None
+        if status == "error":
+            raise value
+        if status == "failed":
+            raise RuntimeError(value)
+        return value
+
+    def close(self) -> None:
+        self._conn.close()
+        self.process.join(10)
+        if self.process.is_alive():
+            self.process.kill()
+
+    def kill(self) -> None:
+        """Stop the child now, whatever it is doing (the server leaves with requests unanswered)."""
+        self.process.kill()
+        self.process.join(5)
+
+
+class Budgeted:
+    """The model behind the protocol ``decode`` uses (``models.TranslationModel``), stopping at the first
+    call past ``deadline`` (``time.monotonic``; None: none) with ``OverBudget``: a search steps the model
+    once a position, so a batch overruns its budget by one step at most. Everything else is the model's."""
+
+    def __init__(self, model, budget: float) -> None:
+        self.model, self.budget = model, budget
+        self.deadline: float | None = None
+
+    def start(self, timed: bool = True) -> None:
+        """The budget starts now (a batch begins); ``timed`` False: no budget for this one."""
+        self.deadline = time.monotonic() + self.budget if timed else None
+
+    def _check(self) -> None:
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise OverBudget(f"the batch ran over the server's time budget of {self.budget:g} s "
+                             "(--max-request-seconds) and was cut: send fewer or shorter sentences, or "
+                             "a smaller beam")
+
+    def __call__(self, *args, **kwargs):
+        self._check()
+        return self.model(*args, **kwargs)
+
+    def encode(self, *args, **kwargs):
+        self._check()
+        return self.model.encode(*args, **kwargs)
+
+    def step(self, *args, **kwargs):
+        self._check()
+        return self.model.step(*args, **kwargs)
+
+    def select(self, *args, **kwargs):
+        return self.model.select(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self.model, name)
+
+
+def _child(conn, opener: Callable[[], tuple], threads: int | None, nice: int, budget: float | None) -> None:
+    """The decoder's loop: answer each message until the pipe closes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if nice:
+        _lower_priority(nice)  # before torch starts its threads, which take this thread's priority
+    import torch
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    translator = opener()[0]
+    budgeted = None
+    if budget is not None and getattr(translator, "model", None) is not None:
+        translator.model = budgeted = Budgeted(translator.model, budget)
+    answer = _answerer(translator)
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return
+        if budgeted is not None:
+            budgeted.start(message[0] != "ready")
+        try:
+            reply = ("ok", answer(message[0], message[1:]))
+        except Exception as e:  # noqa: BLE001 - the parent raises it again
+            reply = ("error", e)
+        try:
+            conn.send(reply)
+        except (pickle.PicklingError, TypeError, AttributeError):
+            conn.send(("failed", f"{type(reply[1]).__name__}: {reply[1]}"))
+        except (BrokenPipeError, OSError):
+            return
+
+
+def _lower_priority(nice: int) -> None:
+    """``nice``, and on Linux the idle scheduling class: its threads run only on a core nothing else
+    wants, and give it up at once when an ordinary thread wakes (at nice 19 they still took time slices
+    from the interactive decoder's threads, whose every operation waits for all of them)."""
+    os.nice(nice)
+    if hasattr(os, "SCHED_IDLE"):
+        try:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        except OSError:  # not allowed here (a container's seccomp): nice alone
+            pass
+
+
+def _answerer(translator) -> Callable[[str, tuple], object]:
+    """What the child answers to each kind of message."""
+    from ..insight.alignment import AlignOptions
+    from ..insight.attention_maps import explorer_sentences
+    from ..insight.explorer import pack
+    from .api import variant_maker
+
+    variant = variant_maker(translator)
+
+    def answer(kind: str, args: tuple) -> object:
+        if kind == "ready":  # one sentence first: torch's first calls are slow, and a budget would count them
+            translator.translate(["1"])
+            return None
+        if kind == "translate":
+            settings, lines, prefixes, words, constraints = args
+            return variant(settings).translate(lines, prefixes, words, constraints)
+        # "draw": no pair when the translation is empty, so nothing to draw
+        text, translation, translator.source_prefix = args
+        return pack(explorer_sentences(translator, [text], [translation], KINDS, AlignOptions()), 1)
+
+    return answer
