@@ -11,12 +11,12 @@ RUN := runs/demo
 # `make test` installs both when either is missing, with sudo only when not root and sudo exists.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || ! command -v sudo >/dev/null 2>&1 || echo sudo)
 
-.PHONY: demo test lint clean browser
+.PHONY: demo test lint clean browser docs docs-serve
 
 $(BIN)/.installed: pyproject.toml
 	@echo "setting up $(VENV): $(TORCH) (CPU), attnmt and its dependencies (log: $(VENV)/install.log)"
 	@$(PYTHON) -m venv $(VENV)
-	@{ $(BIN)/pip install --upgrade pip && $(BIN)/pip install $(TORCH) && $(BIN)/pip install -e '.[dev,ct2,tensorboard,attribute,align,serve]'; } \
+	@{ $(BIN)/pip install --upgrade pip && $(BIN)/pip install $(TORCH) && $(BIN)/pip install -e '.[dev,ct2,tensorboard,attribute,align,serve,docs]'; } \
 		> $(VENV)/install.log 2>&1 || { tail -n 30 $(VENV)/install.log; echo "set-up failed; the whole log: $(VENV)/install.log"; exit 1; }
 	@touch $@
 
@@ -42,6 +42,14 @@ test: $(BIN)/.installed browser
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check attnmt tests scripts
+
+# The documentation site, built strictly (a broken link or a missing page fails) into site/; it opens from disk.
+# docs-serve: the same at http://127.0.0.1:8000, rebuilt as docs/ or the code (the reference) changes.
+docs: $(BIN)/.installed
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
+docs-serve: $(BIN)/.installed
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
 
 clean:
 	rm -rf $(RUN)
