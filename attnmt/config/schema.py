@@ -111,7 +111,7 @@ class TrainConfig(Section):
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     """Autocast dtype of training and validation, with fp32 master weights: ``bf16`` on CUDA or on a CPU
     with native bf16 (AVX-512 BF16, AMX), ``fp16`` on CUDA only (adds a gradient scaler); ``auto`` is bf16 on
-    CUDA and fp32 on the CPU."""
+    CUDA and on a CPU with native bf16, fp32 on any other CPU."""
     compile: Bool = False
     gradient_checkpointing: Bool = False
     """Transformer only: keep each layer's input alone and compute its inside again in the backward pass

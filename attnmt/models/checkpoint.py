@@ -204,8 +204,8 @@ def resolve_model_path(model: Path) -> Path:
     if not model.is_dir():  # a pipe or a device: the checks and torch read a checkpoint more than once
         raise CheckpointError(f"{model}: not a file or a folder (a pipe?); a checkpoint is read from disk")
     if (model / EXPORT_MANIFEST).exists():
-        raise CheckpointError(f"{model}: a CTranslate2 export, which only translate and eval read; give the "
-                              "checkpoint it was exported from")
+        raise CheckpointError(f"{model}: a CTranslate2 export, which translate, eval, score, info and serve "
+                              "read; give the checkpoint it was exported from")
     run = RunDir(model)
     for name in ("best", "latest"):
         pointer = read_pointer(run, name)

@@ -64,7 +64,7 @@ def cpu_flags() -> frozenset[str]:
 def chosen_precision(precision: str, device: torch.device) -> str:
     """``train.precision`` as it runs on ``device``: ``auto`` is the fastest path that trains as well, bf16
     on CUDA and on a CPU with native bf16 (``native_bf16``: about 1.2x on the toy Transformer, 1.8x on the
-    Multi30k one, README), fp32 on any other CPU."""
+    Multi30k one, docs/benchmarks.md), fp32 on any other CPU."""
     if precision != "auto":
         return precision
     return "bf16" if device.type == "cuda" or native_bf16() else "fp32"
