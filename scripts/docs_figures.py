@@ -15,8 +15,8 @@ each through attnmt's own code:
 - ``explorer.png``: the ``attnmt plot --html`` page on toy test pairs with their gold alignments;
 - ``serve.png``: the page of ``attnmt serve`` after it translated two sentences and drew the first's map;
 - ``heads.png``: the ``attnmt heads --html`` page;
-- ``study-bleu.png``, ``study-growth.png``: a tiny ``attnmt study`` (three variants, a minute each; the
-  kernels measured up to length 1024).
+- ``study-bleu.png``, ``study-growth.png``: a tiny ``attnmt study`` (an LSTM and two Transformer kernels,
+  two minutes or 300 steps each; the kernels measured up to length 1024).
 
 The pages are screenshots of headless Chromium (Debian's ``/usr/bin/chromium`` and ``chromedriver``,
 through Selenium), 1200 pixels wide. What it writes besides the pictures (the toy pairs, the pages, the
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import io
 import os
 import signal
@@ -51,6 +52,7 @@ from attnmt.errors import AttnmtError, ConfigError, ResourceError  # noqa: E402
 FIGURES = ("cross-attention", "head-grid", "curves", "explorer", "serve", "heads", "study-bleu",
            "study-growth")
 MODEL_FIGURES = {"cross-attention", "head-grid", "curves", "explorer", "serve", "heads"}
+SCREENSHOTS = {"explorer", "serve", "heads"}
 STUDY_FIGURES = {"study-bleu": "bleu_over_minutes.png", "study-growth": "growth.png"}
 MAX_BYTES = 200 * 1024
 WIDTH, HEIGHT, TALLEST = 1200, 800, 1400  # the browser's window; a long page is shown down to TALLEST
@@ -59,8 +61,12 @@ SERVED = ("thursday , october 22nd , 2035 at 1:43 pm", "may 3rd 1919")
 PAIRS, HEAD_PAIRS = 12, 40  # toy test pairs on the explorer page, and all of them
 HEADS = ("--random-draws", 3)  # `attnmt heads`: each head's BLEU, three random prunings
 SMOKE_HEADS = ("--limit", 4, "--no-bleu", "--random-draws", 0)
-STUDY = {"variants": "additive,multihead,linear", "minutes": "1", "max_len": "1024"}
-STUDY_SETS = ("data.train.size=4000", "train.eval_every=40", "train.save_every=1000")
+# The study: an LSTM and two Transformer kernels, a narrower model on 4,000 toy pairs, at most 2 minutes or
+# 300 steps each (on an idle 2-core machine the steps end it, on a busy one the clock), validated every 30.
+STUDY = {"variants": "additive,sdpa,linear", "minutes": "2", "max_len": "1024"}
+STUDY_SETS = ("data.train.size=4000", "data.dev.size=100", "model.d_model=64", "model.d_ff=128",
+              "train.max_tokens=1024", "train.warmup_steps=50", "train.max_steps=300", "train.eval_every=30",
+              "train.save_every=1000")
 SMOKE_DATA = ("data.train.size=200", "data.dev.size=20", "data.test.size=20")
 SMOKE_STUDY = {"variants": "sdpa", "minutes": "0.01", "max_len": "64"}
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
@@ -105,7 +111,7 @@ def check_run(args: argparse.Namespace) -> None:
         if folder == out or folder in out.parents or out in folder.parents:
             raise ConfigError(f"--out {args.out}: the pictures and {name} {folder} must be apart; give "
                               "another folder")
-    if {"explorer", "serve", "heads"} & set(args.only or FIGURES):
+    if SCREENSHOTS & set(args.only or FIGURES):
         missing = [path for path in (CHROMIUM, CHROMEDRIVER) if not Path(path).is_file()]
         if missing:
             raise ConfigError(f"{' and '.join(missing)} missing: the pages' screenshots need Debian's "
@@ -248,10 +254,14 @@ def heatmaps(run: Path, want: set[str]) -> dict[str, bytes]:
     return drawn
 
 
-def curves(run: Path, work: Path) -> bytes:
-    from attnmt.insight.curves import run_curves
+def curves(run: Path, title: str) -> bytes:
+    """``attnmt plot-curves``' figure (``curves_figure`` on the run's metrics). Its right edge moved in:
+    the dev AER's own axis (the toy task has gold alignments) has its tick labels past ``right=0.98``."""
+    from attnmt.insight.curves import curves_figure, read_metrics
 
-    return run_curves(run, work / "curves.png").read_bytes()
+    fig = curves_figure(read_metrics(run / "metrics.jsonl"), title=title)
+    fig.subplots_adjust(right=0.93)
+    return figure_png(fig)
 
 
 def pages(run: Path, work: Path, want: set[str], smoke: bool) -> dict[str, bytes]:
@@ -350,13 +360,16 @@ def shoot_serve(driver, url: str) -> bytes:
 
 
 def start_study(config: Path, work: Path, smoke: bool) -> Child:
-    """A tiny ``attnmt study`` in ``work/study``, started (a finished one is kept: its figures redrawn as
-    they were)."""
+    """A tiny ``attnmt study``, started in a folder of ``work`` named by its settings: the same settings
+    find their finished study (its figures redrawn as they were), other settings start their own."""
     size = SMOKE_STUDY if smoke else STUDY
     sets = smoke_sets() if smoke else list(STUDY_SETS)
-    return Child(work / "study.log", "study", config, "--variants", size["variants"], "--minutes",
-                 size["minutes"], "--max-len", size["max_len"], "--out", work / "study", "--workers", 1,
-                 *[word for value in sets for word in ("--set", value)])
+    words = [str(config), "--variants", size["variants"], "--minutes", size["minutes"], "--max-len",
+             size["max_len"], "--workers", "1", *[word for value in sets for word in ("--set", value)]]
+    folder = work / f"study-{hashlib.sha256(' '.join(words).encode()).hexdigest()[:8]}"
+    (work / "study").unlink(missing_ok=True)
+    (work / "study").symlink_to(folder.name)  # the latest, by a stable name
+    return Child(work / "study.log", "study", *words, "--out", folder)
 
 
 def study_figures(child: Child, work: Path) -> dict[str, bytes]:
@@ -384,10 +397,21 @@ def step(what: str) -> Iterator[None]:
     print(f" {time.perf_counter() - started:.1f} s", flush=True)
 
 
-def draw(args: argparse.Namespace, want: set[str], run: Path, work: Path) -> dict[str, bytes]:
-    """Every picture in ``want`` as PNG bytes. The study needs no demo model: with --smoke it runs beside
-    the rest (the suite's time), else after it (its minutes and timings on a machine otherwise idle)."""
-    drawn: dict[str, bytes] = {}
+class Pictures:
+    """The pictures written into ``out`` as they come (a later failure keeps them), and their sizes."""
+
+    def __init__(self, out: Path) -> None:
+        self.out, self.sizes = out, {}
+
+    def add(self, drawn: dict[str, bytes]) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        for name, data in drawn.items():
+            self.sizes[name] = write_png(data, self.out / f"{name}.png", palette=name in SCREENSHOTS)
+
+
+def draw(args: argparse.Namespace, want: set[str], run: Path, work: Path, pictures: Pictures) -> None:
+    """Every picture in ``want``. The study needs no demo model: with --smoke it runs beside the rest (the
+    suite's time), else after it (its minutes and timings on a machine otherwise idle)."""
     config, studied = args.config.absolute(), want & set(STUDY_FIGURES)
     study = start_study(config, work, True) if args.smoke and studied else None
     try:
@@ -396,36 +420,35 @@ def draw(args: argparse.Namespace, want: set[str], run: Path, work: Path) -> dic
                 train(config, run, work, args.smoke)
             if want & {"cross-attention", "head-grid"}:
                 with step("heatmaps"):
-                    drawn.update(heatmaps(run, want))
+                    pictures.add(heatmaps(run, want))
             if "curves" in want:
                 with step("curves"):
-                    drawn["curves"] = curves(run, work)
-            if want & {"explorer", "serve", "heads"}:
+                    pictures.add({"curves": curves(run, config.stem)})
+            if want & SCREENSHOTS:
                 with step("pages"):
-                    drawn.update(pages(run, work, want, args.smoke))
+                    pictures.add(pages(run, work, want, args.smoke))
         if studied:
             with step("a tiny attnmt study"):
                 study = study or start_study(config, work, args.smoke)
-                drawn.update(study_figures(study, work))
+                pictures.add({k: v for k, v in study_figures(study, work).items() if k in want})
     finally:
         if study is not None:
             study.stop()
-    return {name: drawn[name] for name in FIGURES if name in want}
 
 
 @guarded
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     started = time.perf_counter()
-    run, out = args.run.absolute(), args.out.absolute()
+    run = args.run.absolute()
     work = workspace(run)
     work.mkdir(parents=True, exist_ok=True)
-    drawn = draw(args, set(args.only or FIGURES), run, work)
-    out.mkdir(parents=True, exist_ok=True)
+    pictures = Pictures(args.out.absolute())
+    draw(args, set(args.only or FIGURES), run, work, pictures)
     print(f"| picture | KB | written to {args.out} in {time.perf_counter() - started:.0f} s |")
-    for name, data in drawn.items():
-        size = write_png(data, out / f"{name}.png", palette=name in ("explorer", "serve", "heads"))
-        print(f"| {name}.png | {size / 1024:.1f} |")
+    for name in FIGURES:
+        if name in pictures.sizes:
+            print(f"| {name}.png | {pictures.sizes[name] / 1024:.1f} |")
 
 
 if __name__ == "__main__":
