@@ -41,7 +41,7 @@ test: $(BIN)/.installed browser
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 MPLBACKEND=Agg $(BIN)/python -m pytest -n 2 --dist loadfile
 
 lint: $(BIN)/.installed
-	$(BIN)/ruff check attnmt tests scripts
+	$(BIN)/ruff check attnmt tests scripts docs/hooks
 
 # The documentation site, built strictly (a broken link or a missing page fails) into site/; it opens from disk.
 # docs-serve: the same at http://127.0.0.1:8000, rebuilt as docs/ or the code (the reference) changes.
