@@ -1,8 +1,8 @@
 """The blocks of docs/getting-started.md that CI runs (a fenced bash block right after a line
 ``<!-- runnable -->``) run, in order, as a user would: in a scratch folder holding the repository's
 ``configs/`` (a link), with ``attnmt`` on PATH (this environment's), offline. Every line must exit 0; a
-failure shows the block, the line and the tail of its stderr. Each line's time is printed (``-s``), the
-costliest first.
+failure shows the block, the line and the tail of its stderr. A line that ends in ``# -> TEXT`` says what it
+prints: its output must hold TEXT. Each line's time is printed (``-s``), the costliest first.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from helpers import OFFLINE_ENV, REPO
 
 PAGE = REPO / "docs" / "getting-started.md"
 MARK = "<!-- runnable -->"
+SAYS = re.compile(r"\s#\s*->\s*(.+)$")
 
 
 def runnable_blocks(text: str) -> list[tuple[int, list[str]]]:
@@ -50,6 +51,8 @@ def test_the_page_has_runnable_blocks_and_they_are_read():
     assert len(blocks) >= 2 and all(commands for _, commands in blocks)
     sample = f"x\n{MARK}\n```bash\n# a comment\nattnmt a \\\n  b\n\necho c\n```\n"
     assert runnable_blocks(sample) == [(4, ["attnmt a b", "echo c"])]
+    assert SAYS.search('attnmt translate RUN "x"  # -> ein satz').group(1) == "ein satz"
+    assert any(SAYS.search(c) for _, commands in blocks for c in commands), "no line says what it prints"
 
 
 def test_the_runnable_blocks_run(tmp_path):
@@ -67,6 +70,9 @@ def test_the_runnable_blocks_run(tmp_path):
             tail = "\n".join(done.stderr.splitlines()[-15:])
             assert done.returncode == 0, (f"{PAGE.name}, the block at line {first}:\n    {block}\nfailed at: "
                                           f"{command}\nexit {done.returncode}; stderr's tail:\n{tail}")
+            said = SAYS.search(command)
+            assert not said or said.group(1).strip() in done.stdout, \
+                f"{PAGE.name}, the block at line {first}: {command}\nprinted:\n{done.stdout}"
     print(f"\nthe runnable blocks: {sum(t for t, _ in times):.1f} s")
     for seconds, command in sorted(times, reverse=True):
         print(f"{seconds:7.1f} s  {command}")
