@@ -5,26 +5,18 @@
     python scripts/docs_figures.py --smoke --out DIR    # the smallest model and sizes (CI's smoke run)
 
 It trains the demo model (``configs/toy_transformer.yaml``, ``attnmt train CONFIG --run-dir RUN``) in
-``--run``, or reuses it: a finished run is not trained again, an interrupted one resumes. What it draws,
-each through attnmt's own code:
+``--run``, or reuses it (a finished run is not trained again), and draws through attnmt's own code:
+``cross-attention.png`` (one sentence, layers and heads averaged: ``plot.attention_figure``),
+``head-grid.png`` (the last layer's heads: ``plot.sentence_maps``), ``curves.png`` (``plot-curves``'
+figure); headless-Chromium screenshots (Debian's chromium and chromedriver, Selenium, 1200 pixels wide) of
+``explorer.png`` (``attnmt plot --html`` on toy test pairs with gold alignments), ``serve.png`` (``attnmt
+serve``'s page after two translations) and ``heads.png`` (``attnmt heads --html``); and
+``study-bleu.png``, ``study-growth.png`` from a tiny ``attnmt study``. What else it writes (toy pairs,
+pages, the study, logs) stays beside the run, in ``RUN-docs-figures``.
 
-- ``cross-attention.png``: one sentence's cross-attention, every layer and head averaged (``plot.py``'s
-  ``attention_figure`` on ``teacher_forced_attention``);
-- ``head-grid.png``: the last layer's heads and their average (``sentence_maps``, as ``attnmt plot``);
-- ``curves.png``: the training curves (``attnmt plot-curves``' ``run_curves``);
-- ``explorer.png``: the ``attnmt plot --html`` page on toy test pairs with their gold alignments;
-- ``serve.png``: the page of ``attnmt serve`` after it translated two sentences and drew the first's map;
-- ``heads.png``: the ``attnmt heads --html`` page;
-- ``study-bleu.png``, ``study-growth.png``: a tiny ``attnmt study`` (an LSTM and two Transformer kernels,
-  two minutes or 300 steps each; the kernels measured up to length 1024).
-
-The pages are screenshots of headless Chromium (Debian's ``/usr/bin/chromium`` and ``chromedriver``,
-through Selenium), 1200 pixels wide. What it writes besides the pictures (the toy pairs, the pages, the
-study, the logs) stays beside the run, in ``RUN-docs-figures``. Every PNG is re-encoded by Pillow with no
-metadata (``optimize``; screenshots as a 256-colour palette) and must stay under 200 KB. The same run
-gives the same matplotlib pictures byte for byte; the screenshots of the serve page (its status line says
-how many milliseconds the translation took) and the study's pictures (minutes and timings) are
-measurements.
+Each PNG is re-encoded by Pillow without metadata (``optimize``; screenshots as 256 colours) and must stay
+under 200 KB. The same run gives the same matplotlib pictures byte for byte; the serve page's status line
+(milliseconds) and the study's pictures (minutes, timings) are measurements.
 """
 
 from __future__ import annotations
@@ -55,7 +47,7 @@ MODEL_FIGURES = {"cross-attention", "head-grid", "curves", "explorer", "serve", 
 SCREENSHOTS = {"explorer", "serve", "heads"}
 STUDY_FIGURES = {"study-bleu": "bleu_over_minutes.png", "study-growth": "growth.png"}
 MAX_BYTES = 200 * 1024
-WIDTH, HEIGHT, TALLEST = 1200, 800, 1400  # the browser's window; a long page is shown down to TALLEST
+WIDTH, HEIGHT, TALLEST = 1200, 800, 1400  # the viewport a page loads in; a screenshot ends by TALLEST
 SENTENCE = "saturday the 3rd of february 1904 at 5:15 pm"  # the heatmaps' sentence, a toy test source
 SERVED = ("thursday , october 22nd , 2035 at 1:43 pm", "may 3rd 1919")
 PAIRS, HEAD_PAIRS = 12, 40  # toy test pairs on the explorer page, and all of them
@@ -79,6 +71,10 @@ def smoke_sets() -> list[str]:
     settings = {**smoke_settings("transformer"), "train.max_steps": 8, "train.eval_every": 4,
                 "train.save_every": 8}
     return [f"{key}={value}" for key, value in settings.items()] + list(SMOKE_DATA)
+
+
+def set_words(sets: list[str]) -> list[str]:
+    return [word for value in sets for word in ("--set", value)]
 
 
 def build_parser() -> ScriptParser:
@@ -121,19 +117,16 @@ def check_run(args: argparse.Namespace) -> None:
 # ------------------------------------------------------------------------------------------ children
 
 
-def child_env() -> dict[str, str]:
-    return {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
-
-
 class Child:
     """``python -m attnmt ARGS`` in a child process, its output into ``log``; ``wait`` raises its failure
     as this script's one error line, with its exit code."""
 
     def __init__(self, log: Path, *args, cwd: Path | None = None) -> None:
         self.log, self.words = log, [str(a) for a in args]
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
         with open(log, "w", encoding="utf-8") as out:
-            self.process = subprocess.Popen([sys.executable, "-m", "attnmt", *self.words], cwd=cwd,
-                                            env=child_env(), stdout=out, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen([sys.executable, "-m", "attnmt", *self.words], cwd=cwd, env=env,
+                                            stdout=out, stderr=subprocess.STDOUT)
 
     def wait(self) -> None:
         try:
@@ -142,7 +135,6 @@ class Child:
             self.stop()  # past its time, or this script interrupted: the child goes too
         if code != 0:
             raise child_error(f"attnmt {self.words[0]}", code, self.log)
-
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -186,16 +178,12 @@ class Server(Child):
         return self.log.read_text(encoding="utf-8").split()[2]
 
 
-# ------------------------------------------------------------------------------------------ the PNGs
-
-
 def write_png(data: bytes, path: Path, palette: bool) -> int:
     """``data`` (a PNG) re-encoded into ``path`` by Pillow: no metadata chunk, zlib at its best
     (``optimize``), a screenshot as 256 colours; its size in bytes, under MAX_BYTES or an error."""
     from PIL import Image
 
-    image = Image.open(io.BytesIO(data))
-    image = image.convert("RGB")
+    image = Image.open(io.BytesIO(data)).convert("RGB")
     if palette:
         image = image.quantize(colors=256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE)
     buffer = io.BytesIO()
@@ -286,7 +274,7 @@ def pages(run: Path, work: Path, want: set[str], smoke: bool) -> dict[str, bytes
                 page = work / "heads.html"
                 attnmt(work / "heads.log", "heads", run.name, "--src", test["en"], "--tgt", test["de"],
                        "--html", page, "--device", "cpu", *(SMOKE_HEADS if smoke else HEADS), cwd=run.parent)
-                shots["heads"] = shoot(driver, page.as_uri(), "headsReady", "headsError")
+                shots["heads"] = shoot(driver, page.as_uri(), "headsReady", "headsError", "#heads-maps")
             if served is not None:
                 shots["serve"] = shoot_serve(driver, served.url())
     finally:
@@ -319,35 +307,55 @@ def browser() -> Iterator:
         driver.quit()
 
 
-def shoot(driver, url: str, ready: str, failed: str) -> bytes:
-    """The page at ``url`` once its script says ``window[ready]`` (an error: ``window[failed]``)."""
+def viewport(driver, height: int) -> None:
+    """The page's viewport WIDTH x ``height`` CSS pixels, one device pixel each (the window's own size
+    would count Chromium's frame)."""
+    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                           {"width": WIDTH, "height": height, "deviceScaleFactor": 1, "mobile": False})
+
+
+def shoot(driver, url: str, ready: str, failed: str, bottom: str = "body") -> bytes:
+    """The page at ``url`` once its script says ``window[ready]`` (an error: ``window[failed]``), down to
+    the end of ``bottom``; the explorer at its second pair (a longer one) in words, with its gold links."""
     from selenium.webdriver.support.ui import WebDriverWait
 
-    driver.set_window_size(WIDTH, HEIGHT)
+    viewport(driver, HEIGHT)
     driver.get(url)
     WebDriverWait(driver, 60).until(lambda d: d.execute_script(
         f"return window.{ready} !== undefined || !!window.{failed}"))
     error = driver.execute_script(f"return window.{failed} || null")
     if error:
         raise AttnmtError(f"{url}: the page failed: {error}")
-    return screenshot(driver)
+    if ready == "explorerReady":
+        choose(driver, "explorer-sentence", "1")
+        choose(driver, "explorer-units", "words")
+    return screenshot(driver, bottom)
 
 
-def screenshot(driver) -> bytes:
-    """The window, made as tall as the page (up to TALLEST) so that nothing is cut mid-way needlessly."""
-    height = driver.execute_script("return document.documentElement.scrollHeight")
-    driver.set_window_size(WIDTH, max(HEIGHT, min(TALLEST, int(height))))
+def choose(driver, select: str, value: str) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    Select(driver.find_element(By.ID, select)).select_by_value(value)
+
+
+def screenshot(driver, bottom: str) -> bytes:
+    """The top of the page down to the end of the element ``bottom`` (a CSS selector), at most TALLEST."""
+    end = driver.execute_script(f"const e = document.querySelector({bottom!r}); "
+                                "return Math.ceil(e.getBoundingClientRect().bottom + window.scrollY)")
+    viewport(driver, max(300, min(TALLEST, int(end) + 24)))
     driver.execute_script("window.scrollTo(0, 0)")
-    time.sleep(0.3)  # the resize's layout and paint
+    time.sleep(0.5)  # the new size's layout and paint
     return driver.get_screenshot_as_png()
 
 
 def shoot_serve(driver, url: str) -> bytes:
-    """The serve page: SERVED typed, translated (one request, not as typed), the first one's map drawn."""
+    """The serve page: SERVED typed, translated (one request, not as typed), the first one's map drawn in
+    words."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    driver.set_window_size(WIDTH, HEIGHT)
+    viewport(driver, HEIGHT)
     driver.get(url + "/")
     WebDriverWait(driver, 60).until(lambda d: d.execute_script("return window.serveReady !== undefined"))
     driver.find_element(By.ID, "serve-live").click()  # off: one translation, on the button
@@ -356,7 +364,8 @@ def shoot_serve(driver, url: str) -> bytes:
     WebDriverWait(driver, 120).until(lambda d: d.execute_script("return window.serveTranslations > 0"))
     with contextlib.suppress(Exception):  # a model of a few steps may translate to nothing: no map then
         WebDriverWait(driver, 30).until(lambda d: d.execute_script("return window.explorerDraws > 0"))
-    return screenshot(driver)
+        choose(driver, "explorer-units", "words")
+    return screenshot(driver, "body")
 
 
 def start_study(config: Path, work: Path, smoke: bool) -> Child:
@@ -365,7 +374,7 @@ def start_study(config: Path, work: Path, smoke: bool) -> Child:
     size = SMOKE_STUDY if smoke else STUDY
     sets = smoke_sets() if smoke else list(STUDY_SETS)
     words = [str(config), "--variants", size["variants"], "--minutes", size["minutes"], "--max-len",
-             size["max_len"], "--workers", "1", *[word for value in sets for word in ("--set", value)]]
+             size["max_len"], "--workers", "1", *set_words(sets)]
     folder = work / f"study-{hashlib.sha256(' '.join(words).encode()).hexdigest()[:8]}"
     (work / "study").unlink(missing_ok=True)
     (work / "study").symlink_to(folder.name)  # the latest, by a stable name
@@ -378,59 +387,45 @@ def study_figures(child: Child, work: Path) -> dict[str, bytes]:
     return {name: (work / "study" / "figures" / file).read_bytes() for name, file in STUDY_FIGURES.items()}
 
 
-# ------------------------------------------------------------------------------------------ the run
-
-
-def train(config: Path, run: Path, work: Path, smoke: bool) -> None:
-    """``attnmt train CONFIG --run-dir RUN`` (a finished run: nothing to do; an interrupted one resumes)."""
-    sets = smoke_sets() if smoke else []
-    attnmt(work / "train.log", "train", config, "--run-dir", run,
-           *[word for value in sets for word in ("--set", value)])
-
-
 @contextlib.contextmanager
 def step(what: str) -> Iterator[None]:
-    """``what`` said when it starts, and its seconds when it ends."""
-    print(f"{what} ...", end="", flush=True)
+    print(f"{what} ...", end="", flush=True)  # and its seconds when it ends
     started = time.perf_counter()
     yield
     print(f" {time.perf_counter() - started:.1f} s", flush=True)
 
 
-class Pictures:
-    """The pictures written into ``out`` as they come (a later failure keeps them), and their sizes."""
+def draw(args: argparse.Namespace, want: set[str], run: Path, work: Path, sizes: dict[str, int]) -> None:
+    """Every picture in ``want``, written into --out as it comes (a later failure keeps it), its size into
+    ``sizes``. The demo model: ``attnmt train CONFIG --run-dir RUN`` (a finished run has nothing to do). The
+    study needs no demo model: with --smoke it runs beside the rest (the suite's time), else after it (its
+    minutes and timings on a machine otherwise idle)."""
 
-    def __init__(self, out: Path) -> None:
-        self.out, self.sizes = out, {}
-
-    def add(self, drawn: dict[str, bytes]) -> None:
-        self.out.mkdir(parents=True, exist_ok=True)
+    def keep(drawn: dict[str, bytes]) -> None:
+        args.out.mkdir(parents=True, exist_ok=True)
         for name, data in drawn.items():
-            self.sizes[name] = write_png(data, self.out / f"{name}.png", palette=name in SCREENSHOTS)
+            sizes[name] = write_png(data, args.out / f"{name}.png", palette=name in SCREENSHOTS)
 
-
-def draw(args: argparse.Namespace, want: set[str], run: Path, work: Path, pictures: Pictures) -> None:
-    """Every picture in ``want``. The study needs no demo model: with --smoke it runs beside the rest (the
-    suite's time), else after it (its minutes and timings on a machine otherwise idle)."""
     config, studied = args.config.absolute(), want & set(STUDY_FIGURES)
     study = start_study(config, work, True) if args.smoke and studied else None
     try:
         if want & MODEL_FIGURES:
             with step(f"the demo model in {args.run}"):
-                train(config, run, work, args.smoke)
+                attnmt(work / "train.log", "train", config, "--run-dir", run,
+                       *set_words(smoke_sets() if args.smoke else []))
             if want & {"cross-attention", "head-grid"}:
                 with step("heatmaps"):
-                    pictures.add(heatmaps(run, want))
+                    keep(heatmaps(run, want))
             if "curves" in want:
                 with step("curves"):
-                    pictures.add({"curves": curves(run, config.stem)})
+                    keep({"curves": curves(run, config.stem)})
             if want & SCREENSHOTS:
                 with step("pages"):
-                    pictures.add(pages(run, work, want, args.smoke))
+                    keep(pages(run, work, want, args.smoke))
         if studied:
             with step("a tiny attnmt study"):
                 study = study or start_study(config, work, args.smoke)
-                pictures.add({k: v for k, v in study_figures(study, work).items() if k in want})
+                keep({k: v for k, v in study_figures(study, work).items() if k in want})
     finally:
         if study is not None:
             study.stop()
@@ -440,15 +435,14 @@ def draw(args: argparse.Namespace, want: set[str], run: Path, work: Path, pictur
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     started = time.perf_counter()
-    run = args.run.absolute()
-    work = workspace(run)
+    run, work = args.run.absolute(), workspace(args.run)
     work.mkdir(parents=True, exist_ok=True)
-    pictures = Pictures(args.out.absolute())
-    draw(args, set(args.only or FIGURES), run, work, pictures)
+    sizes: dict[str, int] = {}
+    draw(args, set(args.only or FIGURES), run, work, sizes)
     print(f"| picture | KB | written to {args.out} in {time.perf_counter() - started:.0f} s |")
     for name in FIGURES:
-        if name in pictures.sizes:
-            print(f"| {name}.png | {pictures.sizes[name] / 1024:.1f} |")
+        if name in sizes:
+            print(f"| {name}.png | {sizes[name] / 1024:.1f} |")
 
 
 if __name__ == "__main__":
