@@ -25,17 +25,27 @@ class Section(BaseModel):
 
 class LSTMConfig(Section):
     arch: Literal["lstm"]
+    """``lstm``: Bahdanau et al. 2015's attention encoder-decoder, with Luong et al. 2015's input feeding."""
     emb_dim: PositiveInt = 256
+    """The width of the source and target embeddings."""
     hidden_size: PositiveInt = 256
     """Per direction in the encoder."""
     dec_hidden_size: PositiveInt | None = None
     """The decoder's hidden size; default 2 * hidden_size (the width of the encoder's output)."""
     enc_layers: PositiveInt = 2
+    """Layers of the bidirectional encoder LSTM."""
     dec_layers: PositiveInt = 1
+    """Layers of the decoder LSTM."""
     dropout: Probability = 0.3
+    """Dropout on the embeddings, the encoder's output, the attentional vector before the output layer
+    and between stacked LSTM layers (training only)."""
     attention: Literal["additive", "dot", "general"] = "additive"
+    """The decoder's attention score: additive (Bahdanau et al. 2015), dot or general (Luong et al. 2015);
+    dot needs the decoder's hidden size to equal the encoder's output, 2 * hidden_size (the default)."""
     attn_dim: PositiveInt = 256
+    """The width of the additive score's hidden layer; dot and general do not use it."""
     input_feeding: Bool = True
+    """Feed each step's attentional vector into the next step's input (Luong et al. 2015)."""
     share_embeddings: Bool = False
     """Share source and target embeddings (needs a joint vocabulary)."""
     tie_embeddings: Bool = False
@@ -44,18 +54,37 @@ class LSTMConfig(Section):
 
 class TransformerConfig(Section):
     arch: Literal["transformer"]
+    """``transformer``: the encoder-decoder of Vaswani et al. 2017."""
     d_model: PositiveInt = 256
+    """The width of the embeddings and of every layer's input and output; divisible by n_heads."""
     n_heads: PositiveInt = 4
+    """Heads of every attention (self and cross), each d_model / n_heads wide."""
     enc_layers: PositiveInt = 3
+    """Encoder layers."""
     dec_layers: PositiveInt = 3
+    """Decoder layers."""
     d_ff: PositiveInt = 1024
+    """The inner width of each layer's feed-forward sublayer."""
     dropout: Probability = 0.1
+    """Dropout on the embeddings (positions added), on each sublayer's output before the residual sum and
+    inside the feed-forward sublayer (training only)."""
     attn_dropout: Probability = 0.0
+    """Dropout on the attention probabilities (training only)."""
     activation: Literal["relu", "gelu"] = "relu"
+    """The feed-forward sublayer's nonlinearity."""
     norm: Literal["pre", "post"] = "pre"
+    """pre: x + f(LayerNorm(x)), with a final LayerNorm after the encoder and the decoder; post:
+    LayerNorm(x + f(x)), as Vaswani et al. 2017."""
     positions: Literal["sinusoidal", "learned"] = "sinusoidal"
+    """Position encodings added to the embeddings: sinusoidal (fixed, any length; Vaswani et al. 2017, sec.
+    3.5) or learned (a table of max_positions rows)."""
     max_positions: PositiveInt = 1024
+    """learned positions: the longest sequence in pieces, BOS or EOS included (a longer one is an error);
+    also linformer's longest source. Sinusoidal encodings are computed past it."""
     enc_kernel: Literal["sdpa", "math", "linear", "sparse", "linformer", "performer"] = "sdpa"
+    """The encoder's self-attention: sdpa (PyTorch's fused ``scaled_dot_product_attention``), math (the
+    same softmax written out), or linear (Katharopoulos et al. 2020), sparse, linformer, performer; only
+    sdpa and math export to CTranslate2."""
     sparse_window: PositiveInt = 32
     """enc_kernel sparse: each position sees the keys within this distance (Child et al. 2019)."""
     sparse_stride: PositiveInt = 32
@@ -67,11 +96,16 @@ class TransformerConfig(Section):
     """enc_kernel or dec_kernel performer: positive orthogonal random features per head (FAVOR+,
     Choromanski et al. 2021), drawn once at initialisation and saved with the weights."""
     dec_kernel: Literal["sdpa", "math", "linear", "performer"] = "sdpa"
+    """The decoder's self-attention, which runs causally (linformer cannot); cross-attention is always
+    sdpa."""
     heads: Literal["full", "split"] = "full"
+    """full: each head projects the whole input; split: each projects only its own d_model / n_heads
+    features (fewer weights; does not export to CTranslate2)."""
     share_embeddings: Bool = True
     """Share source and target embeddings (needs a joint vocabulary: when the key is not given, it follows
     tokenizer.joint)."""
     tie_output: Bool = True
+    """The output projection shares the target embedding's weights."""
 
     @field_validator("dec_kernel", mode="before")
     @classmethod

@@ -5,8 +5,8 @@ A config has five sections: ``data``, ``tokenizer``, ``model`` (``arch: lstm | t
 the dotted key, e.g. ``configs/toy_transformer.yaml:12: model.n_head: unknown key (did you mean n_heads?)``.
 
 Files are read by ``yaml12.py`` (YAML 1.2 scalars, no duplicate keys, no aliases), which also keeps the
-line of every key for these messages. The ``model`` section's classes live in ``model.py`` and are
-re-exported here.
+line of every key for these messages. The ``data`` and ``tokenizer`` sections' classes live in ``data.py``,
+the ``model`` section's in ``model.py``; both are re-exported here.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 from pydantic import StrictBool as Bool
 from pydantic import StrictInt as Int
 
@@ -24,8 +24,10 @@ from .choices import Device
 from .data import DataConfig as DataConfig  # re-exported: the data section lives in config/data.py
 from .data import HfSource as HfSource
 from .data import JsonlSource as JsonlSource
+from .data import SamplingConfig as SamplingConfig  # re-exported: the tokenizer section lives there too
 from .data import Source as Source
 from .data import TextSource as TextSource
+from .data import TokenizerConfig as TokenizerConfig
 from .data import ToySource as ToySource
 from .data import TsvSource as TsvSource
 from .data import check_corpora
@@ -33,56 +35,11 @@ from .describe import describe
 from .languages import tokenizer_defaults
 from .model import Float as Float  # re-exported: the model section and the shared types live there
 from .model import LSTMConfig as LSTMConfig
-from .model import ModelConfig, PositiveInt, Probability, Probability1, Section
+from .model import ModelConfig, PositiveInt, Probability, Section
 from .model import TransformerConfig as TransformerConfig
 from .yaml12 import parse_yaml, read_yaml_file
 
 # ------------------------------------------------------------------------------------ the sections
-
-
-class SamplingConfig(Section):
-    """Subword regularisation (``subword_sampling.py``): every epoch, the training pairs are segmented anew,
-    by unigram sampling (Kudo 2018) among each sentence's n best segmentations, or for a BPE model by
-    BPE-dropout (Provilkov et al. 2020); dev, test and decoding keep the one deterministic segmentation.
-    Both are drawn by attnmt, seeded by (``train.seed``, epoch, example), so that a run repeats."""
-
-    alpha: Probability1 = 0.1
-    """unigram: the inverse temperature, each segmentation's probability raised to alpha (smaller is more
-    varied); bpe: the probability of dropping each merge (larger is more varied; 0.1 in the paper)."""
-    nbest: Int = 16
-    """unigram only: sample among the nbest best segmentations (the cost of a sentence's draw grows with it:
-    about 0.14 ms of CPU at 16, 0.35 ms at 64 on Multi30k: bench_sampling.py --draws-only)."""
-
-    @field_validator("nbest")
-    @classmethod
-    def _some_to_choose_from(cls, nbest: int) -> int:
-        if nbest < 2:
-            raise ValueError(f"must be at least 2 (the n best segmentations to draw from), got {nbest}")
-        return nbest
-
-
-class TokenizerConfig(Section):
-    model_type: Literal["bpe", "unigram"] = "unigram"
-    joint: Bool = True
-    vocab_size: Annotated[int, Field(strict=True, ge=8)] = 8000
-    character_coverage: Probability1 | None = None
-    """Share of the training characters that get pieces of their own; default by language: 0.9995 when a side
-    is Chinese, Japanese or Korean (sentencepiece's advice for large character sets), else 1.0."""
-    byte_fallback: Bool | None = None
-    """Characters without a piece become UTF-8 byte pieces instead of <unk>; default: on when a side is
-    CJK."""
-    normalization: Literal["nmt_nfkc", "nfkc", "nmt_nfkc_cf", "nfkc_cf", "identity"] | None = None
-    """sentencepiece's rule, kept in the model and applied to every line it encodes; default by language:
-    ``identity`` (the text as cleaned, NFC) when a side is CJK, else ``nmt_nfkc``, whose NFKC folds
-    full-width punctuation (？，！) into ASCII, so a Chinese target would never get it back."""
-    sample_size: PositiveInt = 1_000_000
-    """Train sentencepiece on at most this many sentences (sampled) per model."""
-    hard_vocab_limit: Bool = True
-    src_model: Path | None = None
-    """An existing sentencepiece model to load instead of training one (joint: the only model)."""
-    tgt_model: Path | None = None
-    sampling: SamplingConfig | None = None
-    """Subword regularisation of the training pairs; off unless given (``sampling: {}``: the defaults)."""
 
 
 class GuidedAlignmentConfig(Section):
@@ -95,6 +52,7 @@ class GuidedAlignmentConfig(Section):
     text without spaces: characters).
     Default: the toy task's own alignments (``data.train`` of format toy)."""
     one_based: Bool = False
+    """The file counts words from 1 instead of 0 (Pharaoh's usual count)."""
     layer: PositiveInt | None = None
     """The decoder layer (1-based) whose cross-attention is taught; default: the penultimate one (the only
     one of a one-layer decoder), as Garg et al. chose."""
@@ -105,54 +63,93 @@ class GuidedAlignmentConfig(Section):
 
 
 class TrainConfig(Section):
+    """How ``attnmt train`` trains: the optimizer and its schedule, the budgets, validation and checkpoints.
+    Steps are optimizer steps. A resume refuses a changed key that changes what the steps compute."""
+
     run_dir: Path | None = None
     """Where the run lives; default ``runs/<config name>`` in the working folder."""
     device: Device = Device.auto
+    """Where to train: ``auto`` takes CUDA when the machine has it, else the CPU; ``cuda`` without CUDA is
+    refused before the run starts."""
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     """Autocast dtype of training and validation, with fp32 master weights: ``bf16`` on CUDA or on a CPU
     with native bf16 (AVX-512 BF16, AMX), ``fp16`` on CUDA only (adds a gradient scaler); ``auto`` is bf16 on
     CUDA and on a CPU with native bf16, fp32 on any other CPU."""
     compile: Bool = False
+    """Run the training forward pass through ``torch.compile``: minutes of compiling first (117 s for the
+    Multi30k Transformer in bf16 on a CPU, then a gain within the noise); off in the recipes."""
     gradient_checkpointing: Bool = False
     """Transformer only: keep each layer's input alone and compute its inside again in the backward pass
     (``torch.utils.checkpoint``), for less memory with deep models and long sentences; the same gradients."""
     seed: Int = 1
+    """Seeds the initial weights, each epoch's batches, each step's dropout masks (reseeded per step, so a
+    resumed run repeats them) and subword sampling's draws."""
     deterministic: Bool = False
+    """``torch.use_deterministic_algorithms(True)`` (and cuBLAS's workspace setting for CUDA): PyTorch's
+    deterministic kernels only, slower; an operation that has none then fails."""
     lr: Annotated[float, Field(strict=True, gt=0.0, allow_inf_nan=False)] = 5e-4
+    """AdamW's peak learning rate, reached at the end of warmup (the rate itself after warmup with
+    ``constant``, and with ``plateau`` until lowered)."""
     betas: tuple[Probability, Probability] = (0.9, 0.98)
+    """AdamW's decay rates of the running means of the gradient and of its square."""
     weight_decay: Annotated[float, Field(strict=True, ge=0.0, allow_inf_nan=False)] = 0.0
+    """AdamW's decoupled weight decay, on matrices only (biases and LayerNorm gains are not decayed)."""
     schedule: Literal["inverse_sqrt", "cosine", "plateau", "constant"] = "inverse_sqrt"
+    """The rate after warmup: inverse_sqrt, lr * sqrt(warmup_steps / step) (Vaswani et al. 2017, eq. 3);
+    cosine, down to min_lr at the last step; constant; plateau, lowered when validation stops improving."""
     plateau_patience: PositiveInt = 2
     """schedule plateau: validations without improvement (of ``metric``) before the rate is multiplied by
     ``plateau_factor``."""
     plateau_factor: Annotated[float, Field(strict=True, gt=0.0, lt=1.0, allow_inf_nan=False)] = 0.5
+    """schedule plateau: what the rate is multiplied by each time ``plateau_patience`` runs out."""
     warmup_steps: Annotated[int, Field(strict=True, ge=0)] = 4000
+    """Steps of linear warmup, from 0 to ``lr``; 0 = none."""
     min_lr: Annotated[float, Field(strict=True, ge=0.0, allow_inf_nan=False)] = 0.0
+    """A floor under the rate after warmup, in every schedule; cosine decays to it."""
     max_steps: Annotated[int, Field(strict=True, ge=0)] = 0
     """0 = no limit (then max_epochs decides)."""
     max_epochs: PositiveInt = 100
+    """Stop after this many epochs; with ``max_steps`` 0 it also sets the length cosine decays over."""
     max_minutes: Annotated[float, Field(strict=True, ge=0.0, allow_inf_nan=False)] = 0.0
     """Stop (validate, save) after this much training wall time, summed over resumes; 0 = no limit."""
     max_tokens: PositiveInt = 4096
     """Token budget of one batch: (padded) source or target tokens, whichever side is longer."""
     accum_steps: PositiveInt = 1
+    """Batches whose gradients add up into one step: a step holds ``max_tokens`` x accum_steps x processes
+    tokens, and N processes compute what one process with accum_steps N does."""
     clip_norm: Annotated[float, Field(strict=True, ge=0.0, allow_inf_nan=False)] = 1.0
+    """Scale the gradients down to this global L2 norm when it is larger, before each step; 0 = never."""
     label_smoothing: Probability = 0.1
+    """This share of each target token's probability mass goes to the whole vocabulary, evenly (in the
+    training and the dev loss); 0 = plain cross-entropy."""
     log_every: PositiveInt = 50
+    """Steps between training records (loss, rate, tokens per second, gradient norm) in metrics.jsonl."""
     eval_every: PositiveInt = 1000
+    """Steps between validations on ``data.dev`` (loss, BLEU, chrF); a run also validates when it stops."""
     valid_beam_size: PositiveInt = 1
     """Beam size of the validation translations; 1 = greedy."""
     save_every: PositiveInt = 1000
+    """Steps between checkpoints; a run also saves when it stops, and when a validation ranks among the
+    ``keep_best``."""
     keep_last: Annotated[int, Field(strict=True, ge=2)] = 2
+    """The newest checkpoints kept; an older one is deleted unless ``best.json`` or ``latest.json`` names
+    it."""
     keep_best: PositiveInt = 1
+    """The best checkpoints by ``metric`` kept besides the newest, ranked in ``checkpoints/best.json``."""
     metric: Literal["bleu", "chrf", "loss"] = "bleu"
+    """What "best" means (checkpoints, ``patience``, the plateau schedule, an average): dev BLEU or chrF
+    of the validation translations, higher is better, or the dev loss, lower is better."""
     patience: Annotated[int, Field(strict=True, ge=0)] = 0
     """Stop after this many validations without improvement; 0 = never."""
     max_nonfinite: PositiveInt = 10
+    """Steps in a row with a non-finite loss or gradient (each skipped and logged) that stop the run as
+    diverged, exit 6."""
     plot_every: Annotated[int, Field(strict=True, ge=0)] = 0
     """Every N-th validation, draw the attention on the first dev sentences into RUN/plots/step_XXXXXXXX/;
     0 = never."""
     tensorboard: Bool = False
+    """Also write the training and validation records as TensorBoard events into ``RUN/tensorboard``
+    (needs the tensorboard package)."""
     alignment: GuidedAlignmentConfig | None = None
     """Guided alignment training; off unless given."""
     average_last: Annotated[int, Field(strict=True, ge=0)] = 0
@@ -177,16 +174,26 @@ class TrainConfig(Section):
 
 
 class DecodeConfig(Section):
+    """How a model translates by default (``translate``, ``eval``, ``serve``, validation); options of the
+    commands (``--beam-size``, ``--length-penalty``, ``--max-tokens``) override it."""
+
     beam_size: PositiveInt = 5
+    """Beam search's width; 1 = greedy. Validation uses ``train.valid_beam_size`` instead."""
     nbest: PositiveInt = 1
+    """Checked at load (at most beam_size), but the outputs per sentence come from ``translate --nbest``
+    or a server request's ``nbest`` (default 1)."""
     length_penalty: Annotated[float, Field(strict=True, ge=0.0, le=10.0, allow_inf_nan=False)] = 0.6
     """GNMT alpha (Wu et al. 2016, eq. 14; tuned there in [0.2, 1]); 0 = plain log-probability."""
     min_len: Annotated[int, Field(strict=True, ge=0)] = 0
+    """EOS is banned before the output has this many pieces (the length limit below wins)."""
     max_len_a: Annotated[float, Field(strict=True, ge=0.0, allow_inf_nan=False)] = 1.5
+    """a of the length limit, pieces of output per source piece (see max_len_b)."""
     max_len_b: Annotated[int, Field(strict=True, ge=1)] = 10
     """The output has at most a * source length + b pieces; EOS is forced at that point."""
     max_src_len: PositiveInt = 256
+    """A longer source is cut to this many pieces (``translate`` reports how many were)."""
     max_tokens: PositiveInt = 8000
+    """Batch budget of translation and validation: padded source pieces x beam rows (or samples)."""
 
     @model_validator(mode="after")
     def _nbest_fits(self) -> DecodeConfig:
