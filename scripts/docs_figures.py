@@ -343,7 +343,7 @@ def screenshot(driver, bottom: str) -> bytes:
     """The top of the page down to the end of the element ``bottom`` (a CSS selector), at most TALLEST."""
     end = driver.execute_script(f"const e = document.querySelector({bottom!r}); "
                                 "return Math.ceil(e.getBoundingClientRect().bottom + window.scrollY)")
-    viewport(driver, max(300, min(TALLEST, int(end) + 24)))
+    viewport(driver, max(300, min(TALLEST, int(end) + 8)))
     driver.execute_script("window.scrollTo(0, 0)")
     time.sleep(0.5)  # the new size's layout and paint
     return driver.get_screenshot_as_png()

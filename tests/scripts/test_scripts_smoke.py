@@ -185,7 +185,9 @@ SMOKE = set(smoke_runs(World(Path()), Path()))
 # Run end to end by a test of their own (each checked to still run the script).
 COVERED = {"bootstrap_guided.py": ("tests/scripts/test_bootstrap.py",
                                    "test_bootstrap_trains_aligns_both_ways_and_trains_guided",
-                                   "test_bootstrap_with_eflomal_as_the_teacher")}
+                                   "test_bootstrap_with_eflomal_as_the_teacher"),
+           # --smoke end to end, each picture opened and measured, the matplotlib ones made twice
+           "docs_figures.py": ("tests/docs/test_figures.py", "test_docs_figures_smoke")}
 WITHOUT_A_GPU = {"gpu_check.sh"}  # test_gpu_check_without_a_gpu
 
 
