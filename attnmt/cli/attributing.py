@@ -42,7 +42,7 @@ def attribute(
 ) -> None:
     """For each target piece, the share of each source piece and of the target prefix in its prediction.
 
-    Gradient attribution (captum: pip install 'attnmt[attribute]') of log p(target piece) with respect to
+    Gradient attribution (captum: pip install 'attnmt\\[attribute]') of log p(target piece) with respect to
     the embeddings; a token's score is the L2 norm of its attribution, and each row's scores are shares
     summing to 1. One JSON object per pair: number, method, src, tgt, tgt_in (pieces), source (a row per
     target piece: the share of each source piece), prefix (the share of each decoder input), and for

@@ -77,7 +77,7 @@ def export(
         "the fastest on CPU).")] = Quantization.float32,
 ) -> None:
     """Export a Transformer checkpoint for CTranslate2, with its sentencepiece models: translate and eval
-    then accept OUT in place of MODEL (needs the ct2 extra: pip install 'attnmt[ct2]')."""
+    then accept OUT in place of MODEL (needs the ct2 extra: pip install 'attnmt\\[ct2]')."""
     from ..decoding.ctranslate import export_ctranslate2
 
     manifest = export_ctranslate2(model, out, quantization.value)

@@ -59,10 +59,13 @@ def prepare(
 def toy_data(
     out_dir: Annotated[Path, typer.Argument(help="Folder to write train/dev/test .en, .de (or .zh and "
                                             ".seg.zh) and .align files into.")],
-    train_size: Annotated[int, typer.Option(min=1, max=TOY_MAX)] = 10000,
-    dev_size: Annotated[int, typer.Option(min=1, max=TOY_MAX)] = 500,
-    test_size: Annotated[int, typer.Option(min=1, max=TOY_MAX)] = 500,
-    seed: Annotated[int, typer.Option(min=0, max=2**64 - 1)] = 1,
+    train_size: Annotated[int, typer.Option(min=1, max=TOY_MAX,
+                                            help="Training pairs, all different.")] = 10000,
+    dev_size: Annotated[int, typer.Option(min=1, max=TOY_MAX,
+                                          help="Development pairs, all different.")] = 500,
+    test_size: Annotated[int, typer.Option(min=1, max=TOY_MAX, help="Test pairs, all different.")] = 500,
+    seed: Annotated[int, typer.Option(min=0, max=2**64 - 1, help="The generator's seed: the same seed, "
+                                      "sizes and --lang write the same files.")] = 1,
     lang: Annotated[ToyLanguage, typer.Option("--lang", help="The target language.")] = "de",
 ) -> None:
     """Write the embedded toy task (English -> German or Chinese dates) with its gold word alignments."""
