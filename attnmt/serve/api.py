@@ -175,6 +175,14 @@ class AttentionRequest(BaseModel):
         return self
 
 
+class ErrorBody(BaseModel):
+    """The body of every answer but a 200, whatever the error (a framework's too): one line, never a
+    traceback."""
+
+    error: str = Field(description="What went wrong, in one line; a bad field is named as the request spells "
+                       "it (text[2], beam_size).")
+
+
 def check_unicode(body: BaseModel, names: tuple[str, ...]) -> None:
     """A ValueError naming the first string of these fields that is not valid Unicode: JSON may carry a
     lone surrogate (``"\\ud83d"``, what ``JSON.stringify`` writes for a string cut inside an emoji), which

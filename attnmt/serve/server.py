@@ -29,6 +29,7 @@ from ..errors import AttnmtError, ConfigError, DataError
 from .api import (
     PAGE_POLICY,
     AttentionRequest,
+    ErrorBody,
     Served,
     TranslateRequest,
     access_line,
@@ -144,6 +145,25 @@ class Guard:
         return None
 
 
+# What each error status means, for the routes' ``responses`` (the OpenAPI document, ``/docs``); the body is
+# always ``ErrorBody``, which replaces FastAPI's default validation error in the document as in the answers.
+ERROR_MEANINGS = {
+    409: "attention maps asked of a CTranslate2 export, which translates only",
+    411: "a POST without a Content-Length header",
+    413: "a request over the server's sizes: the body's bytes, sentences, characters, phrases (GET /info "
+         "states them)",
+    422: "a body that is not JSON, a missing, unknown or ill-typed field, text that is not valid Unicode, a "
+         "value past a limit, or fields that do not go together",
+    500: "a bug: its one line (the traceback is in the server's log)",
+    503: "a batch cut at the time budget (--max-request-seconds), or the server stopping",
+}
+
+
+def error_answers(*statuses: int) -> dict[int | str, dict]:
+    """The ``responses`` of a route that may answer these error statuses, each with ``ErrorBody``."""
+    return {status: {"model": ErrorBody, "description": ERROR_MEANINGS[status]} for status in statuses}
+
+
 def _admit(served: Served, variant, lines: list[str], prefixes: list[str] | None,
            constraints: list[list[str]] | None, settings: Settings, beam_given: bool, lanes: Lanes) -> Lane:
     """Check a request against every limit, before it reaches a queue; the lane its cost picks."""
@@ -157,7 +177,8 @@ def _admit(served: Served, variant, lines: list[str], prefixes: list[str] | None
 def _add_routes(app: FastAPI, served: Served, lanes: Lanes, page: str) -> None:
     translator, variant = served.translator, variant_maker(served.translator)
 
-    @app.post("/translate", summary="Translate sentences (attnmt translate's options).")
+    @app.post("/translate", summary="Translate sentences (attnmt translate's options).",
+              responses=error_answers(411, 413, 422, 500, 503))
     async def translate(body: TranslateRequest, request: Request) -> dict:
         lines, prefixes = body.lines(), body.prefixes()
         check_sizes(served.limits, lines, prefixes, body.constraints)
@@ -169,7 +190,8 @@ def _add_routes(app: FastAPI, served: Served, lanes: Lanes, page: str) -> None:
         found = await asyncio.wrap_future(lane.batcher.submit(lines, settings, prefixes, body.constraints))
         return {"translations": [result.as_json() for result in found]}
 
-    @app.post("/attention", summary="Translate one sentence; its attention and word alignment.")
+    @app.post("/attention", summary="Translate one sentence; its attention and word alignment.",
+              responses=error_answers(409, 411, 413, 422, 500, 503))
     async def attention(body: AttentionRequest, request: Request) -> JSONResponse:
         prefixes = [body.prefix] if body.prefix is not None else None
         constraints = [body.constraints] if body.constraints else None
@@ -209,11 +231,13 @@ def _note(request: Request, lane: Lane, lines: list[str]) -> None:
 
 
 def _add_status(app: FastAPI, served: Served, lanes: Lanes) -> None:
-    @app.get("/health", summary="Whether the server answers, and the requests waiting.")
+    @app.get("/health", summary="Whether the server answers, and the requests waiting.",
+             responses=error_answers(500))
     async def health() -> dict:
         return {"status": "ok", "pending": lanes.pending()}
 
-    @app.get("/info", summary="The model, its languages, parameters, decode defaults, limits and lanes.")
+    @app.get("/info", summary="The model, its languages, parameters, decode defaults, limits and lanes.",
+             responses=error_answers(500))
     async def info() -> dict:
         first = lanes.interactive.batcher
         described = lanes.describe()

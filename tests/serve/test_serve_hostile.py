@@ -189,3 +189,20 @@ def test_the_bulk_decoder_yields_every_core_to_the_interactive_one(server):
                 decoders[int(child)] = {(os.sched_getscheduler(t), os.getpriority(os.PRIO_PROCESS, t))
                                         for t in threads}
     assert sorted(decoders.values(), key=str) == [{(os.SCHED_OTHER, 0)}, {(os.SCHED_IDLE, 19)}], decoders
+
+
+def test_the_openapi_document_states_the_error_body_the_server_sends(server):
+    """``/docs`` and the generated API reference read the document: every error a route declares is
+    ``ErrorBody``, FastAPI's default validation error is gone, and a real 422 has ErrorBody's one field."""
+    document = server.client.get("/openapi.json").json()
+    schemas = document["components"]["schemas"]
+    assert "HTTPValidationError" not in schemas and list(schemas["ErrorBody"]["properties"]) == ["error"]
+    declared = {path: {status: answer["content"]["application/json"]["schema"]
+                       for op in methods.values() for status, answer in op["responses"].items()
+                       if status != "200"}
+                for path, methods in document["paths"].items()}
+    assert set(declared["/translate"]) >= {"413", "422", "503"} and "409" in declared["/attention"]
+    assert {ref["$ref"] for errors in declared.values() for ref in errors.values()} == {
+        "#/components/schemas/ErrorBody"}
+    answer = server.client.post("/translate", json={"text": "a", "beam_size": 0})
+    assert answer.status_code == 422 and list(answer.json()) == list(schemas["ErrorBody"]["properties"])
