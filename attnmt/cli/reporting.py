@@ -4,6 +4,7 @@ terminal), scores (rich tables)."""
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from ..training.runlog import Event, Finished, Message, NonfiniteRecord, Started, TrainRecord, ValidRecord
@@ -32,7 +33,7 @@ def print_corpus_statistics(report) -> None:
     kind = "joint" if report.joint else "separate"
     sizes = (f"{report.src_vocab_size}" if report.joint
              else f"{report.src_vocab_size} / {report.tgt_vocab_size}")
-    console.print(f"tokenizer: {kind}, {sizes} pieces, {report.tokenizer}", soft_wrap=True)
+    console.print(f"tokenizer: {kind}, {sizes} pieces, {escape(str(report.tokenizer))}", soft_wrap=True)
 
 
 def print_scores(scores: dict) -> None:

@@ -56,8 +56,10 @@ def rich_to_markdown(text: str) -> str:
             return "**"
         return "*" if name in ("i", "italic") else ""
 
+    escaped = "\x00"  # Rich's \[ is a bracket as written: kept from the style pass, then put back bare
+    text = text.replace("\\[", escaped)
     text = text.replace("\\", "\\\\").replace("*", "\\*").replace("<", "&lt;").replace(">", "&gt;")
-    text = re.sub(r"\[([^\[\]]*)\]", tag, text)
+    text = re.sub(r"\[([^\[\]]*)\]", tag, text).replace(escaped, "[")
     out: list[str] = []
     for line in text.splitlines():
         item, text_line = line.startswith("- "), line.strip() and not line.startswith((" ", "- "))
