@@ -243,13 +243,10 @@ def heatmaps(run: Path, want: set[str]) -> dict[str, bytes]:
 
 
 def curves(run: Path, title: str) -> bytes:
-    """``attnmt plot-curves``' figure (``curves_figure`` on the run's metrics). Its right edge moved in:
-    the dev AER's own axis (the toy task has gold alignments) has its tick labels past ``right=0.98``."""
+    """``attnmt plot-curves``' figure (``curves_figure`` on the run's metrics)."""
     from attnmt.insight.curves import curves_figure, read_metrics
 
-    fig = curves_figure(read_metrics(run / "metrics.jsonl"), title=title)
-    fig.subplots_adjust(right=0.93)
-    return figure_png(fig)
+    return figure_png(curves_figure(read_metrics(run / "metrics.jsonl"), title=title))
 
 
 def pages(run: Path, work: Path, want: set[str], smoke: bool) -> dict[str, bytes]:

@@ -385,7 +385,8 @@ def test_the_pages_controls_go_with_both_requests(server, browser):
 
     browser.get(server.url + "/")
     WebDriverWait(browser, 20).until(lambda d: d.execute_script("return window.serveReady !== undefined"))
-    assert browser.find_element(By.ID, "serve-lang-label").get_attribute("hidden")  # one target language
+    label = browser.find_element(By.ID, "serve-lang-label")
+    assert label.get_attribute("hidden") and not label.is_displayed()  # one target language: not shown
     browser.find_element(By.ID, "serve-live").click()
     browser.find_element(By.ID, "serve-input").send_keys(LINES[2] + "\n" + LINES[3])
     browser.find_element(By.ID, "serve-prefix").send_keys("22")
