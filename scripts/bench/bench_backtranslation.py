@@ -10,7 +10,8 @@ best, as Edunov et al. 2018 advise); then train German to English twice for the 
 half alone and with the back-translations added as a second corpus tagged ``<bt>`` (``data.train: [{...},
 {..., tag: <bt>, weight: W}]``), and score both on the test set. ``--smoke`` is CI's smoke run
 (``tests/scripts/test_scripts_smoke.py``), its numbers meaningless: the recipe's smallest model and a
-100-piece vocabulary (``benchlib.smoke_config``), each training a few steps instead of ``--minutes``.
+100-piece vocabulary (``benchlib.smoke_config``), each training a few steps instead of ``--minutes``, and
+attnmt's commands run in this process instead of a child each (``benchlib.in_process``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: scriptargs and the tools
 
-from benchlib import REPO, attnmt, eval_scores, run_main, save_rows, smoke_config
+from benchlib import REPO, attnmt, eval_scores, in_process, run_main, save_rows, smoke_config
 from scriptargs import InputFolder, Number, OutputFile, OutputFolder, ScriptParser, guarded
 
 from attnmt.errors import DataError
@@ -79,7 +80,7 @@ def build_parser() -> ScriptParser:
     parser.add_argument("--json", type=OutputFile(), help="Write the results here too.")
     parser.add_argument("--smoke", action="store_true", help="CI's smoke run (its numbers mean nothing): "
                         "the recipe's smallest model and a 100-piece vocabulary, a few steps instead of "
-                        "--minutes")
+                        "--minutes, attnmt's commands in this process")
     parser.checks.append(check_data)
     return parser
 
@@ -94,6 +95,7 @@ def check_data(args) -> None:
 @guarded
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    in_process(args.smoke)
     root, data = args.run_root.resolve(), args.data.resolve()
     root.mkdir(parents=True, exist_ok=True)
     base = yaml.safe_load(BASE.read_text(encoding="utf-8"))

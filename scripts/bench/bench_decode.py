@@ -51,8 +51,9 @@ torch threads everywhere. The sentences are ``--data``'s test_2016_flickr.de.gz 
 ``../shared/data/multi30k``), the random-weight model's tokenizer ``--tokenizer`` (default the Multi30k
 run's, ``runs/multi30k_de_en_transformer/tokenizer``; the model's vocabulary is the tokenizer's);
 ``--limit N`` takes the first N sentences, ``--beams`` the beam widths (1 and 5), ``--quantizations`` the
-exports (float32 and int8). ``--smoke``, for CI: a 1+1-layer model of width 32 and one call of each of
-``--parts``' pieces (``tests/scripts/test_scripts_smoke.py`` runs every part this way on the toy task).
+exports (float32 and int8). ``--smoke``, for CI: a 1+1-layer model of width 32, one call of each of
+``--parts``' pieces, and ``--ct2``'s checks and passes all in one child process instead of one each
+(``tests/scripts/test_scripts_smoke.py`` runs every part this way on the toy task).
 """
 
 from __future__ import annotations
@@ -241,6 +242,7 @@ CT2_RAW_SORTED = "CTranslate2 {} (raw, the wrapper's batches)"
 OURS_TRANSLATOR = "attnmt Translator (random weights)"
 CLI_CT2 = "CLI: attnmt translate EXPORT {}"
 CLI_CKPT = "CLI: attnmt translate CKPT"
+CHILD_SEP = " | "  # between the passes of one child (--smoke: all of them); no engine's name holds it
 
 
 @dataclass
@@ -428,6 +430,19 @@ def ct2_check(work: Work, tmp: Path, setup: Setup) -> None:
             print(note, flush=True)
 
 
+def ours_pass(work: Work, beam: int, length: int) -> Pass:
+    """attnmt's search on the random weights, every output forced to ``length`` tokens."""
+    import torch
+
+    limits = {"max_len_a": 0.0, "max_len_b": length, "min_len": length}
+
+    def ours(warm: bool) -> int:
+        with torch.inference_mode():
+            return search_pass(work.model, work.batches[:1] if warm else work.batches, beam, **limits)
+
+    return Pass(OURS, beam, ours)
+
+
 def run_pass(p: Pass, n: int) -> dict:
     """A warm-up batch, then one timed pass."""
     p.run(True)
@@ -568,11 +583,12 @@ def interleaved(rounds: int, setup: Setup, with_peers: bool = True, ct2: bool = 
             # beside another's idle threads; the checks in one more.
             ckpt, folders = ct2_setup(work, Path(tmp), setup)
             common = ["--equal-work", "--ct2", *setup.options(), "--child-dir", tmp]
-            check = subprocess.run(child_command([*common, "--child", "check"]), capture_output=True,
-                                   text=True)
-            if check.returncode:
-                sys.exit(f"the checks failed:\n{check.stdout[-2000:]}\n{check.stderr[-2000:]}")
-            print(check.stdout.strip(), flush=True)
+            if not setup.smoke:  # --smoke: the checks first in the passes' one child (below)
+                check = subprocess.run(child_command([*common, "--child", "check"]), capture_output=True,
+                                       text=True)
+                if check.returncode:
+                    sys.exit(f"the checks failed:\n{check.stdout[-2000:]}\n{check.stderr[-2000:]}")
+                print(check.stdout.strip(), flush=True)
             engines += ct2_engines(setup)
             if cli:
                 src = Path(tmp) / "src.de"
@@ -580,16 +596,23 @@ def interleaved(rounds: int, setup: Setup, with_peers: bool = True, ct2: bool = 
                 commands = cli_runs(ckpt, folders, src, setup.beams)
         for r in range(rounds):
             found = {}
-            for engine, beam in engines if r % 2 == 0 else engines[::-1]:
+            ordered = engines if r % 2 == 0 else engines[::-1]
+            # --smoke: every pass in one child (its numbers mean nothing; the child's protocol runs)
+            for group in [ordered] if ct2 and setup.smoke else [[one] for one in ordered]:
                 if not ct2:
-                    found[(engine, beam)] = run_pass(next(p for p in passes if p.beam == beam), n)
+                    found[group[0]] = run_pass(next(p for p in passes if p.beam == group[0][1]), n)
                     continue
-                out = subprocess.run(child_command([*common, "--child", f"{engine}@{beam}"]),
-                                     capture_output=True, text=True)
+                checks = ["check"] if setup.smoke and r == 0 else []
+                out = subprocess.run(child_command([*common, "--child", CHILD_SEP.join(
+                    checks + [f"{e}@{b}" for e, b in group])]), capture_output=True, text=True)
                 rows = [json.loads(m.group(1)) for m in re.finditer(r"^PASS (\{.*\})$", out.stdout, re.M)]
-                if out.returncode or not rows:
-                    sys.exit(f"{engine} beam {beam} failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
-                found[(engine, beam)] = rows[0]
+                if out.returncode or len(rows) != len(group):
+                    sys.exit(f"{', '.join(checks + [f'{e} beam {b}' for e, b in group])} failed:\n"
+                             f"{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+                if checks:
+                    said = [x for x in out.stdout.splitlines() if not x.startswith("PASS ")]
+                    print("\n".join(said), flush=True)
+                found.update({(row["engine"], row["beam"]): row for row in rows})
             walls = {}
             for name, beam, command in commands if r % 2 == 0 else commands[::-1]:
                 start = time.perf_counter()
@@ -719,9 +742,11 @@ def build_parser() -> ScriptParser:
                     help="with --ct2: the exports")
     ap.add_argument("--smoke", action="store_true",
                     help="CI's smoke run (its numbers mean nothing): the random-weight model 1+1 layers of "
-                    "width 32, --parts one call of each piece, once")
+                    "width 32, --parts one call of each piece, once, --ct2's checks and passes in one child "
+                    "process")
     ap.add_argument("--limit", type=Number(int, low=1), help="the first N sentences only")
-    ap.add_argument("--child", help=argparse.SUPPRESS)  # with --ct2: one pass "ENGINE@BEAM", or "check"
+    # with --ct2: one pass "ENGINE@BEAM", or "check" (--smoke: the checks and every pass, CHILD_SEP between)
+    ap.add_argument("--child", help=argparse.SUPPRESS)
     # where ct2_setup wrote the models
     ap.add_argument("--child-dir", type=InputFolder(), help=argparse.SUPPRESS)
     ap.add_argument("--parts", action="store_true", help="the decoder's pieces against what they replace")
@@ -774,22 +799,14 @@ def main(argv: list[str] | None = None) -> None:
                   args.smoke)
     if args.child:  # one pass of --ct2's rounds, in a process of its own (see interleaved)
         work = equal_work_setup(setup)
-        if args.child == "check":
-            ct2_check(work, args.child_dir, setup)
-            return
-        engine, beam = args.child.rsplit("@", 1)
-        if engine == OURS:
-            limits = {"max_len_a": 0.0, "max_len_b": args.length, "min_len": args.length}
-
-            def ours(warm: bool) -> int:
-                with torch.inference_mode():
-                    return search_pass(work.model, work.batches[:1] if warm else work.batches, int(beam),
-                                       **limits)
-
-            one = Pass(OURS, int(beam), ours)
-        else:
-            one = ct2_pass(work, args.child_dir, setup, engine, int(beam))
-        print("PASS " + json.dumps(run_pass(one, len(work.lines))), flush=True)
+        for spec in args.child.split(CHILD_SEP):  # the checks or one pass; --smoke: the checks, every pass
+            if spec == "check":
+                ct2_check(work, args.child_dir, setup)
+                continue
+            engine, beam = spec.rsplit("@", 1)
+            one = ours_pass(work, int(beam), args.length) if engine == OURS else \
+                ct2_pass(work, args.child_dir, setup, engine, int(beam))
+            print("PASS " + json.dumps(run_pass(one, len(work.lines))), flush=True)
         return
     if args.equal_work and args.against:
         against(args.against, args.runs, args.threads)

@@ -11,7 +11,8 @@ The runs go one after the other (give the machine to them alone); a run folder t
 interrupted benchmark goes on where it stopped. The single-pair models keep the base config's vocabulary size;
 the multilingual one has one joint tokenizer over every language. ``--smoke`` is CI's smoke run
 (``tests/scripts/test_scripts_smoke.py``), its numbers meaningless: the base's smallest model and a 100-piece
-vocabulary (``benchlib.smoke_config``), each training a few steps instead of ``--minutes``.
+vocabulary (``benchlib.smoke_config``), each training a few steps instead of ``--minutes``, and attnmt's
+commands run in this process instead of a child each (``benchlib.in_process``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: scriptargs and the tools
 
-from benchlib import REPO, attnmt, eval_scores, run_main, save_rows, smoke_config
+from benchlib import REPO, attnmt, eval_scores, in_process, run_main, save_rows, smoke_config
 from scriptargs import (
     ConfigFile,
     InputFolder,
@@ -93,7 +94,8 @@ def build_parser() -> ScriptParser:
     parser.add_argument("--run-root", type=OutputFolder(), default=REPO / "runs" / "bench_multilingual")
     parser.add_argument("--json", type=OutputFile(), help="Write the results here too.")
     parser.add_argument("--smoke", action="store_true", help="CI's smoke run (its numbers mean nothing): the "
-                        "base's smallest model and a 100-piece vocabulary, a few steps instead of --minutes")
+                        "base's smallest model and a 100-piece vocabulary, a few steps instead of --minutes, "
+                        "attnmt's commands in this process")
     parser.checks.append(check_data)
     return parser
 
@@ -110,6 +112,7 @@ def check_data(args) -> None:
 @guarded
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    in_process(args.smoke)
     pairs = [tuple(p.split("-")) for p in args.pairs]
     root, data = args.run_root.resolve(), args.data.resolve()
     root.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,9 @@ config's ``data.test``, read and cleaned as prepare reads it, translated by each
 with the config's decode settings. A run folder that exists is continued (a run that finished has nothing
 to do), so an interrupted benchmark goes on where it stopped; remove ``--run-root`` to start again.
 With ``--draws-only`` it stops after preparing and prints what the draws cost: the pieces' lengthening
-and the CPU milliseconds per sentence drawn (also in the full run's table note).
+and the CPU milliseconds per sentence drawn (also in the full run's table note). ``--smoke`` is CI's smoke
+run (``tests/scripts/test_scripts_smoke.py``, on a tiny config for a moment), its numbers meaningless:
+attnmt's commands run in this process instead of a child each (``benchlib.in_process``).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: scriptargs and the tools
 
-from benchlib import REPO, attnmt, eval_scores, run_main, save_rows
+from benchlib import REPO, attnmt, eval_scores, in_process, run_main, save_rows
 from scriptargs import ConfigFile, Number, OutputFile, OutputFolder, ScriptParser, guarded
 
 from attnmt.errors import ConfigError
@@ -109,6 +111,9 @@ def build_parser() -> ScriptParser:
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         help="Another config override for both runs (repeatable), e.g. train.device=cuda.")
     parser.add_argument("--json", type=OutputFile(), help="Write the results here too.")
+    parser.add_argument("--smoke", action="store_true",
+                        help="CI's smoke run (its numbers mean nothing): attnmt's commands in this process "
+                        "instead of a child each")
     parser.add_argument("--draws-only", action="store_true",
                         help="Only prepare and measure the draws (pieces, CPU ms per sentence); no training.")
     parser.checks.append(check_test_set)
@@ -140,6 +145,7 @@ def check_test_set(args) -> None:
 @guarded
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    in_process(args.smoke)
     root = (args.run_root or REPO / "runs" / "bench_sampling" / args.config.stem).resolve()
     root.mkdir(parents=True, exist_ok=True)
     config = args.config.resolve()

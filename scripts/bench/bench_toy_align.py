@@ -10,7 +10,8 @@ unless ``--no-reverse``, the unguided recipe in the other direction (German to E
 written out by ``attnmt toy-data``), unless the run folders under ``--out`` already hold a finished run.
 Prints a markdown table and writes ``--out/toy_align.json``. ``--smoke`` is CI's smoke run
 (``tests/scripts/test_scripts_smoke.py``), its numbers meaningless: 200/20/20 toy pairs, the recipes' smallest
-model (with their two decoder layers) for a few steps, one reading of each model.
+model (with their two decoder layers) for a few steps, one reading of each model, attnmt's commands in this
+process instead of a child each (``benchlib.in_process``).
 
 With ``--sources`` it also measures where the alignments of a real corpus (one without gold) could come from
 for guided training: the guided recipe is trained again on the toy training pairs aligned (a) by the
@@ -32,7 +33,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: scriptargs and the tools
 
-from benchlib import REPO, smoke_settings
+from benchlib import IN_PROCESS, REPO, in_process, run_here, smoke_settings
 from eflomal_align import align_words, corpus_words, symmetrized, write_links
 from scriptargs import OutputFolder, ScriptParser, guarded, require_module
 
@@ -42,8 +43,15 @@ ATTNMT = [sys.executable, "-m", "attnmt"]
 
 
 def run(*args, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([*ATTNMT, *map(str, args)], check=True, cwd=REPO, capture_output=True, text=True,
-                          **kwargs)
+    """``attnmt ARGS`` in a child (``--smoke``, ``benchlib.in_process``: in this process), its stdout kept; a
+    failure raises ``CalledProcessError``."""
+    command = [*ATTNMT, *map(str, args)]
+    if not IN_PROCESS["on"]:
+        return subprocess.run(command, check=True, cwd=REPO, capture_output=True, text=True, **kwargs)
+    code, stdout = run_here(command[3:], keep=True)
+    if code != 0:
+        raise subprocess.CalledProcessError(code, command, stdout)
+    return subprocess.CompletedProcess(command, code, stdout)
 
 
 SIZES = {"train": 10000, "dev": 300, "test": 300}  # the recipes' toy splits
@@ -159,7 +167,8 @@ def build_parser() -> ScriptParser:
                         help="only the --sources stage, on the runs already in --out")
     parser.add_argument("--smoke", action="store_true",
                         help="CI's smoke run (its numbers mean nothing): 200/20/20 toy pairs, the recipes' "
-                        "smallest two-layer model for a few steps, the first reading of each model only")
+                        "smallest two-layer model for a few steps, the first reading of each model only, "
+                        "attnmt's commands in this process")
     parser.checks.append(check_smoke)
     return parser
 
@@ -172,6 +181,7 @@ def check_smoke(args) -> None:
 @guarded
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    in_process(args.smoke)
     if args.sources or args.sources_only:
         require_module("eflomal", "--sources: eflomal is not installed: pip install -e '.[align]'")
     out = args.out.resolve()

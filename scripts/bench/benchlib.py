@@ -1,12 +1,15 @@
 """What the benchmarks share: the repository's root (``REPO``), and for the training benchmarks
 (``bench_sampling.py``, ``bench_multilingual.py``, ``bench_backtranslation.py``) attnmt run in a child
-process and the end of a run that writes its results. What every script shares, the benchmarks and the
-tools, its arguments' checks and its error guard, is ``scripts/scriptargs.py``: a benchmark puts
+process (``--smoke``: in the benchmark's own, ``in_process``) and the end of a run that writes its results.
+What every script shares, the benchmarks and the tools, its arguments' checks and its error guard, is
+``scripts/scriptargs.py``: a benchmark puts
 ``scripts/`` on ``sys.path`` before its imports, so that it runs from any working folder as
 ``python scripts/bench/bench_NAME.py``."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -48,13 +51,46 @@ def smoke_config(config: dict) -> dict:
     return config
 
 
+IN_PROCESS = {"on": False}  # set by in_process(): --smoke runs attnmt's commands in this process
+
+
+def in_process(on: bool) -> None:
+    """With ``on`` (a benchmark's ``--smoke``), ``attnmt`` runs each command in this process (``attnmt.cli
+    .app`` on the same words, from the same folder) instead of a child: a child's start-up (torch and its
+    compiler's imports, then its exit) costs seconds, several times a smoke run's work."""
+    IN_PROCESS["on"] = on
+
+
+def run_here(args: list[str], keep: bool) -> tuple[int, str | None]:
+    """``attnmt ARGS`` in this process, from ``REPO`` as a child runs: its exit code, and its stdout when
+    ``keep``."""
+    from attnmt.cli import app
+
+    out, here = io.StringIO(), Path.cwd()
+    os.chdir(REPO)
+    try:
+        with contextlib.redirect_stdout(out) if keep else contextlib.nullcontext():
+            try:
+                app(args, prog_name="attnmt")
+                code = 0
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else int(e.code is not None)
+    finally:
+        os.chdir(here)
+    return code, out.getvalue() if keep else None
+
+
 def attnmt(*args) -> subprocess.CompletedProcess:
-    """``python -m attnmt ARGS`` in a child process (echoed first), its output shown as it comes (stdout
-    kept for eval); if it fails, the benchmark stops with its exit code: its one error line is said."""
+    """``python -m attnmt ARGS`` in a child process (echoed first; ``in_process``: in this one), its output
+    shown as it comes (stdout kept for eval); if it fails, the benchmark stops with its exit code: its one
+    error line is said."""
     command = [sys.executable, "-m", "attnmt", *map(str, args)]
     print("$", " ".join(command[2:]), flush=True)
     keep = args[0] == "eval"
-    result = subprocess.run(command, cwd=REPO, text=True, stdout=subprocess.PIPE if keep else None)
+    if IN_PROCESS["on"]:
+        result = subprocess.CompletedProcess(command, *run_here(command[3:], keep))
+    else:
+        result = subprocess.run(command, cwd=REPO, text=True, stdout=subprocess.PIPE if keep else None)
     if result.returncode != 0:
         sys.exit(result.returncode if result.returncode > 0 else 128 - result.returncode)  # a signal: 128+N
     return result

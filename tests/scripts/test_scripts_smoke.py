@@ -13,7 +13,9 @@ on it for a few steps. The runs start in that folder, not the repository's, and 
 paths, as a user in a project folder would. The peers (JoeyNMT, HF, their CTranslate2 conversion in
 ``../shared/peers``) are not there: the scripts that use them skip them by a flag (``bench_chinese.py
 --no-joey``) or leave them out by default; CTranslate2 itself, the ``ct2`` extra, runs. A benchmark's
-``--smoke`` shrinks what it builds itself (a model, a recipe, a matmul) to its smallest.
+``--smoke`` shrinks what it builds itself (a model, a recipe, a matmul) to its smallest; a benchmark that
+trains runs attnmt's commands in its own process instead of a child each (``benchlib.in_process``: a
+child's start-up, torch's and its compiler's imports, took seconds, most of such a run's time).
 
 ``bootstrap_guided.py`` is not run again here: ``tests/scripts/test_bootstrap.py`` runs it end to end, both
 teachers, on the toy task (``COVERED``, checked to still do so). ``gpu_check.sh`` needs a GPU: here it is
@@ -131,8 +133,9 @@ def smoke_runs(w: World, tmp: Path) -> dict[str, list[Run]]:
             ("minutes each (JoeyNMT left out)", "BLEU    chrF"))],
         "bench_constraints.py": [Run(
             [w.run, *test_pair, "--phrases", 1, "--beam-sizes", 1, 2, *rows], "| beam | search | phrases |")],
-        # every part in one run: the trained run, the pieces, the equal work with CTranslate2 (int8, beam 1:
-        # each engine in a process of its own) and the command line; --smoke: a 1+1-layer random model
+        # every part in one run: the trained run, the pieces, the equal work with CTranslate2 (int8, beam 1)
+        # and the command line; --smoke: a 1+1-layer random model, the checks and every engine's pass in one
+        # child process (as a full run's are each in one of its own)
         "bench_decode.py": [Run(
             ["--models", w.run, "--parts", "--equal-work", "--ct2", "--cli", "--smoke", "--data", w.multi30k,
              "--tokenizer", w.run / "tokenizer", "--limit", 4, "--runs", 1, "--length", 5, "--beams", 1,
@@ -148,9 +151,9 @@ def smoke_runs(w: World, tmp: Path) -> dict[str, list[Run]]:
              tmp / "runs", *rows], "| pair | single-pair BLEU |")],
         "bench_prefix.py": [Run(
             [w.run, *test_pair, "--words", 1, "--beam-sizes", 1, 2, *rows], "| beam | search | BLEU |")],
-        # the clock stops each training within a step or two
+        # the clock stops each training within a step or two; --smoke: attnmt's commands in its process
         "bench_sampling.py": [Run(
-            [w.config, "--minutes", 0.002, "--run-root", tmp / "runs", *rows],
+            [w.config, "--minutes", 0.002, "--smoke", "--run-root", tmp / "runs", *rows],
             "| run | sampling | pieces |")],
         "bench_scale.py": [Run(
             ["--sizes", 40, "--steps", 2, "--data", w.multi30k, "--config", w.config], "| measure |")],
@@ -159,9 +162,11 @@ def smoke_runs(w: World, tmp: Path) -> dict[str, list[Run]]:
             [w.run, "--src", w.zh / "test.en", "--tgt", w.zh / "test.zh", "--segmented", w.zh / "test.seg.zh",
              "--train-src", w.zh / "train.en", "--train-segmented", w.zh / "train.seg.zh"],
             "word links against character links")],
+        # one level of one client, two sentences; a server of one decoder (no bulk one) on one thread
         "bench_serve.py": [Run(
-            [w.run, "--src", w.toy / "test.en", "--limit", 4, "--clients", 1, 2, "--seconds", 2,
-             "--json", tmp / "serve.json"], "| clients | requests |")],
+            [w.run, "--src", w.toy / "test.en", "--limit", 2, "--clients", 1, "--seconds", 1,
+             "--serve-args=--bulk-above 0 --threads 1", "--json", tmp / "serve.json"],
+            "| clients | requests |")],
         # --smoke: 200/20/20 toy pairs, the recipes' smallest model, one reading of each of the three models
         "bench_toy_align.py": [Run(["--smoke", "--out", tmp / "out"], "| recipe | reading | AER |")],
         # --smoke: the Transformer recipe's smallest model, one timed step (the LSTM's child is the same
