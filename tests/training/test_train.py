@@ -125,8 +125,8 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run(tiny, killed, tmp_
     # A stray tmp file holding a later state (the reference's final one) must never be loaded.
     stray = run / "checkpoints" / ".step_00000030.pt.tmp-4242"
     shutil.copy(reference / "checkpoints" / step_file(30), stray)
-    result = train_cli(tiny.config[arch], run)
-    assert result.returncode == 0, result.stderr
+    result = invoke_train(tiny.config[arch], run)
+    assert result.exit_code == 0, result.output
     assert "resumed from step_00000014.pt" in result.stdout
     assert not stray.exists()
 
@@ -149,8 +149,8 @@ def test_sigkill_during_save_keeps_the_previous_checkpoint(tiny, killed, tmp_pat
     path, payload = latest_checkpoint(RunDir(run))
     assert path.name == step_file(14) and payload["progress"]["step"] == 14
 
-    result = train_cli(tiny.config["transformer"], run)
-    assert result.returncode == 0, result.stderr
+    result = invoke_train(tiny.config["transformer"], run)
+    assert result.exit_code == 0, result.output
     assert not tmp_files(run)
     assert curve(run) == curve(reference)
     assert_same_state(run, reference, 30)
@@ -223,8 +223,8 @@ def test_sigterm_exits_143_after_saving_and_resume_continues_the_curve(tiny, tmp
     run = tiny.copy_prepared(tmp_path / "run")
     interrupt(tiny, run, signal.SIGTERM)
     # max_steps 20 -> 30 is an allowed change; the schedule does not depend on it, so this is the reference.
-    result = train_cli(tiny.config["transformer"], run)
-    assert result.returncode == 0, result.stderr
+    result = invoke_train(tiny.config["transformer"], run)
+    assert result.exit_code == 0, result.output
     assert curve(run) == curve(tiny.reference())
     # Only the validation at the signal's step (which the reference did not have) tells them apart.
     assert_same_state(run, tiny.reference(), 30, ignore=VALIDATION_COUNTERS)
@@ -347,14 +347,14 @@ def test_raising_max_steps_continues_a_finished_run(tiny, tmp_path):
 def test_a_log_window_cut_by_a_kill_is_exact_after_resume(tiny, tmp_path):
     """log_every 4, save_every 7: the kill at 17 resumes from 14, inside the window of steps 13-16."""
     reference = tiny.copy_prepared(tmp_path / "reference")
-    assert train_cli(tiny.config["transformer"], reference, "train.log_every=4",
-                     "train.max_steps=20").returncode == 0
+    assert invoke_train(tiny.config["transformer"], reference, "train.log_every=4",
+                        "train.max_steps=20").exit_code == 0
     run = tiny.copy_prepared(tmp_path / "run")
     killed = train_cli(tiny.config["transformer"], run, "train.log_every=4", "train.max_steps=20",
                        fault="sigkill_at_step:17")
     assert killed.returncode in KILLED
-    assert train_cli(tiny.config["transformer"], run, "train.log_every=4",
-                     "train.max_steps=20").returncode == 0
+    assert invoke_train(tiny.config["transformer"], run, "train.log_every=4",
+                        "train.max_steps=20").exit_code == 0
     assert [r["step"] for r in read_records(run)] == [4, 8, 12, 16, 20]
     assert curve(run) == curve(reference)
 
