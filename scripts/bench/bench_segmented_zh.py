@@ -5,8 +5,8 @@ with characters, and against eflomal on the same words.
         --train-src train.en --train-segmented train.seg.zh
 
 ``--segmented`` is ``--tgt`` split into words by any segmenter (docs/tutorials/chinese.md used jieba;
-attnmt needs none): the same characters, spaces between words. attnmt aligns ``--src`` with both (the Chinese side is
-the target of RUN, or its source with ``--chinese-source``); each character link is then projected onto the
+attnmt needs none): the same characters, spaces between words. attnmt aligns ``--src`` with both (the
+Chinese side is the target of RUN, or its source with ``--chinese-source``); each character link is then projected onto the
 segmenter's word that holds the character, and the word links are scored against the projection (F1: do
 the two readings say the same?). With ``--train-src/--train-segmented``, eflomal
 (``scripts/eflomal_align.py``: the training pairs and the test pairs together, grow-diag-final-and) gives
