@@ -4,15 +4,14 @@ with characters, and against eflomal on the same words.
     python scripts/bench/bench_segmented_zh.py RUN --src test.en --tgt test.zh --segmented test.seg.zh \\
         --train-src train.en --train-segmented train.seg.zh
 
-``--segmented`` is ``--tgt`` split into words by any segmenter (docs/tutorials/chinese.md used jieba;
-attnmt needs none): the same characters, spaces between words. attnmt aligns ``--src`` with both (the
-Chinese side is the target of RUN, or its source with ``--chinese-source``); each character link is then projected onto the
-segmenter's word that holds the character, and the word links are scored against the projection (F1: do
-the two readings say the same?). With ``--train-src/--train-segmented``, eflomal
-(``scripts/eflomal_align.py``: the training pairs and the test pairs together, grow-diag-final-and) gives
-reference links on the segmenter's words, and attnmt's word links get precision, recall and F1 against
-them. Times are wall seconds of each whole command.
-"""
+``--segmented`` is ``--tgt`` split into words by any segmenter (docs/tutorials/chinese.md used jieba; attnmt
+needs none): the same characters, spaces between words. attnmt aligns ``--src`` with both (the Chinese side is
+the target of RUN, or its source with ``--chinese-source``); each character link is then projected onto the
+segmenter's word that holds the character, and the word links are scored against the projection (F1: do the
+two readings say the same?). With ``--train-src/--train-segmented``, eflomal (``scripts/eflomal_align.py``:
+the training pairs and the test pairs together, grow-diag-final-and) gives reference links on the segmenter's
+words, and attnmt's word links get precision, recall and F1 against them. Times are wall seconds of each whole
+command. """
 
 from __future__ import annotations
 
