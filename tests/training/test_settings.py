@@ -15,7 +15,9 @@ import sys
 import pytest
 import torch
 from helpers import REPO, assert_one_error_line, read_records, train_args, train_cli, train_env
+from typer.testing import CliRunner
 
+from attnmt.cli import app
 from attnmt.config.schema import TrainConfig, TransformerConfig
 from attnmt.data.batching import EncodedSplit, gather
 from attnmt.models import build_model
@@ -122,12 +124,20 @@ def test_tensorboard_event_file_holds_the_logged_scalars(tiny, tmp_path):
     assert [e.step for e in events.Scalars("valid/bleu")] == [3, 6]
 
 
+def invoke_train(config, run, *sets: str):
+    """``attnmt train`` in-process (``CliRunner``), for runs that are not about the process; its exit code."""
+    args = ["train", str(config), "--run-dir", str(run)] + [a for s in sets for a in ("--set", s)]
+    return CliRunner().invoke(app, args).exit_code
+
+
+@pytest.mark.usefixtures("restore_torch_state")
 def test_compile_on_the_cpu_gives_the_eager_losses(tiny, tmp_path):
-    """torch.compile (inductor, CPU) for two steps: the same losses as eager within float tolerance."""
+    """torch.compile (inductor, CPU) for two steps: the same losses as eager within float tolerance. The
+    eager run in-process; the compiled one in a process of its own (inductor's caches stay there)."""
     sets = ("train.max_steps=2", "train.log_every=1", "train.eval_every=100", "train.save_every=100",
             "model.dropout=0.0")
     eager, compiled = tiny.copy_prepared(tmp_path / "eager"), tiny.copy_prepared(tmp_path / "compiled")
-    assert train_cli(tiny.config["transformer"], eager, *sets).returncode == 0
+    assert invoke_train(tiny.config["transformer"], eager, *sets) == 0
     result = train_cli(tiny.config["transformer"], compiled, *sets, "train.compile=true", timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     a, b = read_records(eager), read_records(compiled)
@@ -149,12 +159,13 @@ def test_max_epochs_stops_after_that_many_passes_over_the_data(tiny, tmp_path):
     assert "max_epochs" in result.stdout
 
 
+@pytest.mark.usefixtures("restore_torch_state")
 def test_seed_changes_the_run_and_the_same_seed_repeats_it(tiny, tmp_path):
     sets = ("train.max_steps=3", "train.log_every=1", "train.eval_every=1000", "train.save_every=1000")
     losses = {}
     for name, seed in (("a", 1), ("b", 1), ("c", 2)):
         run = tiny.copy_prepared(tmp_path / name)
-        assert train_cli(tiny.config["transformer"], run, *sets, f"train.seed={seed}").returncode == 0
+        assert invoke_train(tiny.config["transformer"], run, *sets, f"train.seed={seed}") == 0
         losses[name] = [r["loss"] for r in read_records(run)]
     assert losses["a"] == losses["b"]  # compared with ==
     assert losses["a"] != losses["c"]
