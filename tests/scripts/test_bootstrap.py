@@ -1,5 +1,11 @@
 """``scripts/bootstrap_guided.py`` on the toy task as files, end to end in a few steps: forward and reverse
-models, the training corpus aligned with both, a guided model trained on those links, both scored."""
+models, the training corpus aligned with both, a guided model trained on those links, both scored.
+
+The end-to-end runs call the script's ``main`` in this process, and its ``attnmt`` commands (train, align,
+eval) go through the Typer app here too (``in_process``): they check what the bootstrap makes, not how a
+child process starts (each would cost seconds of start-up); eflomal's script still runs as a child. The
+refusals run the script as a user does, exit codes and all.
+"""
 
 from __future__ import annotations
 
@@ -7,17 +13,55 @@ import json
 import subprocess
 import sys
 
+import pytest
 import yaml
-from helpers import OFFLINE_ENV, REPO, TINY_MODELS, TINY_TRAIN, run_attnmt
+from helpers import OFFLINE_ENV, REPO, TINY_MODELS, TINY_TRAIN, load_script
+from typer.testing import CliRunner
 
+from attnmt.cli import app
 from attnmt.insight.alignment import alignment_scores, parse_pharaoh
+
+pytestmark = pytest.mark.usefixtures("restore_torch_state")
+
+
+@pytest.fixture
+def bootstrap(monkeypatch, capsys):
+    """``bootstrap(*args)``: the script's ``main(args)`` in this process, from the repository as its
+    children run, its ``python -m attnmt`` commands through the app here: (exit code, stdout, stderr)."""
+    script = load_script("bootstrap_guided")
+    spawn = script.run
+
+    def run(command: list[str]) -> str:
+        if command[:len(script.ATTNMT)] != script.ATTNMT:
+            return spawn(command)
+        result = CliRunner().invoke(app, command[len(script.ATTNMT):])
+        if result.exit_code != 0:  # as ``run`` does with a child's failure
+            sys.stderr.write(result.stderr)
+            sys.exit(result.exit_code)
+        return result.stdout
+
+    monkeypatch.setattr(script, "run", run)
+    monkeypatch.chdir(REPO)
+
+    def call(*args) -> tuple[int, str, str]:
+        capsys.readouterr()
+        try:
+            script.main([str(a) for a in args])
+            code = 0
+        except SystemExit as stop:
+            code = stop.code or 0
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return call
 
 
 def toy_recipes(tmp_path):
     """The toy task as files, an unguided and a guided tiny recipe on them, and the command's start."""
     data = tmp_path / "toy"
-    assert run_attnmt("toy-data", str(data), "--train-size", "200", "--dev-size", "20",
-                      "--test-size", "20").returncode == 0
+    made = CliRunner().invoke(app, ["toy-data", str(data), "--train-size", "200", "--dev-size", "20",
+                                    "--test-size", "20"])
+    assert made.exit_code == 0, made.output
     config = {
         "data": {"src_lang": "en", "tgt_lang": "de",
                  **{split: {"src": str(data / f"{split}.en"), "tgt": str(data / f"{split}.de")}
@@ -31,17 +75,16 @@ def toy_recipes(tmp_path):
     plain.write_text(json.dumps(config), encoding="utf-8")
     config["train"] = {**TINY_TRAIN, "alignment": {"layer": 1, "heads": [1], "weight": 0.5}}
     guided.write_text(json.dumps(config), encoding="utf-8")
-    return data, [sys.executable, str(REPO / "scripts" / "bootstrap_guided.py"), str(plain), "--guided",
-                  str(guided), "--set", "train.max_steps=6", "--set", "train.eval_every=6", "--set",
-                  "train.save_every=6"]
+    return data, [str(plain), "--guided", str(guided), "--set", "train.max_steps=6", "--set",
+                  "train.eval_every=6", "--set", "train.save_every=6"]
 
 
-def test_bootstrap_trains_aligns_both_ways_and_trains_guided(tmp_path):
+def test_bootstrap_trains_aligns_both_ways_and_trains_guided(tmp_path, bootstrap):
     data, start = toy_recipes(tmp_path)
     out = tmp_path / "boot"
     command = [*start, "--out", str(out)]
-    result = subprocess.run(command, cwd=REPO, env=OFFLINE_ENV, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr
+    code, _, err = bootstrap(*command)
+    assert code == 0, err
     summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
     assert set(summary["forward"]) == set(summary["guided"]) == {"bleu", "chrf"}
     assert summary["test"] == str(data / "test.en")
@@ -64,16 +107,15 @@ def test_bootstrap_trains_aligns_both_ways_and_trains_guided(tmp_path):
     resolved = yaml.safe_load((out / "guided" / "config.yaml").read_text(encoding="utf-8"))
     assert resolved["train"]["alignment"]["path"] == str(out / "train.align")
     # Run again: every step is found done and nothing is trained again.
-    again = subprocess.run(command, cwd=REPO, env=OFFLINE_ENV, capture_output=True, text=True, timeout=600)
-    assert again.returncode == 0 and "bootstrap:" not in again.stdout
+    code, again, err = bootstrap(*command)
+    assert code == 0 and "bootstrap:" not in again, err
 
 
-def test_bootstrap_with_eflomal_as_the_teacher(tmp_path):
+def test_bootstrap_with_eflomal_as_the_teacher(tmp_path, bootstrap):
     data, start = toy_recipes(tmp_path)
     out = tmp_path / "boot"
-    result = subprocess.run([*start, "--out", str(out), "--teacher", "eflomal"], cwd=REPO, env=OFFLINE_ENV,
-                            capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr
+    code, _, err = bootstrap(*start, "--out", str(out), "--teacher", "eflomal")
+    assert code == 0, err
     summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
     assert summary["teacher"] == "eflomal" and set(summary["minutes"]) == {"forward", "align", "guided"}
     assert not (out / "reverse").exists()
