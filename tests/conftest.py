@@ -12,6 +12,20 @@ from pathlib import Path
 import pytest
 from helpers import TINY_MODELS, TINY_TRAIN, TOY_CONFIG, TOY_SET, TinyRuns, train_cli
 
+# The files that take longest, handed out first: `make test` gives each of its two processes whole files
+# (--dist loadfile) in collection order, so a long file collected last would run alone at the end.
+LONGEST_FIRST = ("docs/test_getting_started.py", "training/test_torchrun.py", "scripts/test_scripts_smoke.py",
+                 "training/test_train.py", "docs/test_figures.py", "study/test_study.py",
+                 "serve/test_serve.py", "cli/test_cli_fuzz.py", "cli/test_cli_looking.py")
+
+
+def pytest_collection_modifyitems(items):
+    """Collection order, except that the files of ``LONGEST_FIRST`` come first, in its order."""
+    def rank(item) -> int:
+        path = item.nodeid.split("::")[0].removeprefix("tests/")
+        return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
+    items.sort(key=rank)  # stable: each file's tests keep their order
+
 
 @pytest.fixture
 def no_network(monkeypatch):
