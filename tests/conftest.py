@@ -17,6 +17,8 @@ from helpers import TINY_MODELS, TINY_TRAIN, TOY_CONFIG, TOY_SET, TinyRuns, trai
 LONGEST_FIRST = ("docs/test_getting_started.py", "training/test_torchrun.py", "scripts/test_scripts_smoke.py",
                  "training/test_train.py", "docs/test_figures.py", "study/test_study.py",
                  "serve/test_serve.py", "cli/test_cli_fuzz.py", "cli/test_cli_looking.py")
+_GONE = [name for name in LONGEST_FIRST if not (Path(__file__).parent / name).is_file()]
+assert not _GONE, f"tests/conftest.py: LONGEST_FIRST names files that are not there: {_GONE}"
 
 
 def pytest_collection_modifyitems(items):
