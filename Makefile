@@ -36,9 +36,10 @@ browser:
 		|| { echo "could not install chromium and chromium-driver (log: $(VENV)/browser.log); the browser tests need them: apt-get install chromium chromium-driver"; exit 1; }; }
 
 # Two test processes, one per core (most tests run one thread); a file's tests stay in one process, so
-# its module fixtures are made once.
+# its module fixtures are made once. Files are handed out in collection order, where tests/conftest.py puts
+# the longest first (xdist's own order, by number of tests, left a 110 s file of 3 tests to run alone last).
 test: $(BIN)/.installed browser
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 MPLBACKEND=Agg $(BIN)/python -m pytest -n 2 --dist loadfile
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 MPLBACKEND=Agg $(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check attnmt tests scripts docs/hooks
