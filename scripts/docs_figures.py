@@ -2,7 +2,7 @@
 
     python scripts/docs_figures.py                      # every picture into docs/img
     python scripts/docs_figures.py --only serve heads   # some of them
-    python scripts/docs_figures.py --smoke --out DIR    # the smallest model and sizes (CI's smoke run)
+    python scripts/docs_figures.py --smoke              # the smallest model and sizes, never into docs/img
 
 It trains the demo model (``configs/toy_transformer.yaml``, ``attnmt train CONFIG --run-dir RUN``) in
 ``--run``, or reuses it (a finished run is not trained again), and draws through attnmt's own code:
@@ -14,9 +14,9 @@ serve``'s page after two translations) and ``heads.png`` (``attnmt heads --html`
 ``study-bleu.png``, ``study-growth.png`` from a tiny ``attnmt study``. What else it writes (toy pairs,
 pages, the study, logs) stays beside the run, in ``RUN-docs-figures``.
 
-Each PNG is re-encoded by Pillow without metadata (``optimize``; screenshots as 256 colours) and must stay
-under 200 KB. The same run gives the same matplotlib pictures byte for byte; the serve page's status line
-(milliseconds) and the study's pictures (minutes, timings) are measurements.
+Each PNG is re-encoded by Pillow without metadata (screenshots as 256 colours) and must stay under 200 KB.
+The same run gives the same matplotlib pictures byte for byte; serve's status line and the study's
+pictures are measurements.
 """
 
 from __future__ import annotations
@@ -41,9 +41,8 @@ from scriptargs import ConfigFile, OutputFolder, ScriptParser, guarded  # noqa: 
 
 from attnmt.errors import AttnmtError, ConfigError, ResourceError  # noqa: E402
 
-FIGURES = ("cross-attention", "head-grid", "curves", "explorer", "serve", "heads", "study-bleu",
-           "study-growth")
-MODEL_FIGURES = {"cross-attention", "head-grid", "curves", "explorer", "serve", "heads"}
+MODEL_FIGURES = ("cross-attention", "head-grid", "curves", "explorer", "serve", "heads")
+FIGURES = (*MODEL_FIGURES, "study-bleu", "study-growth")
 SCREENSHOTS = {"explorer", "serve", "heads"}
 STUDY_FIGURES = {"study-bleu": "bleu_over_minutes.png", "study-growth": "growth.png"}
 MAX_BYTES = 200 * 1024
@@ -53,8 +52,7 @@ SERVED = ("thursday , october 22nd , 2035 at 1:43 pm", "may 3rd 1919")
 PAIRS, HEAD_PAIRS = 12, 40  # toy test pairs on the explorer page, and all of them
 HEADS = ("--random-draws", 3)  # `attnmt heads`: each head's BLEU, three random prunings
 SMOKE_HEADS = ("--limit", 4, "--no-bleu", "--random-draws", 0)
-# The study: an LSTM and two Transformer kernels, a narrower model on 4,000 toy pairs, at most 2 minutes or
-# 300 steps each (on an idle 2-core machine the steps end it, on a busy one the clock), validated every 30.
+# The study: an LSTM and two Transformer kernels, narrower, 4,000 toy pairs, 2 minutes or 300 steps each.
 STUDY = {"variants": "additive,sdpa,linear", "minutes": "2", "max_len": "1024"}
 STUDY_SETS = ("data.train.size=4000", "data.dev.size=100", "model.d_model=64", "model.d_ff=128",
               "train.max_tokens=1024", "train.warmup_steps=50", "train.max_steps=300", "train.eval_every=30",
@@ -66,8 +64,7 @@ CHILD_LIMIT_S = 1800
 
 
 def smoke_sets() -> list[str]:
-    """``--set`` words of --smoke: benchlib's smallest Transformer, a few more steps (two points on the
-    curves), and 200/20/20 toy pairs."""
+    """--smoke's ``--set`` words: benchlib's smallest Transformer, 8 steps (two points), 200/20/20 pairs."""
     settings = {**smoke_settings("transformer"), "train.max_steps": 8, "train.eval_every": 4,
                 "train.save_every": 8}
     return [f"{key}={value}" for key, value in settings.items()] + list(SMOKE_DATA)
@@ -82,17 +79,24 @@ def build_parser() -> ScriptParser:
     parser.add_argument("--config", type=ConfigFile(lambda args: smoke_sets() if args.smoke else []),
                         default=REPO / "configs" / "toy_transformer.yaml",
                         help="the demo model's recipe (default: configs/toy_transformer.yaml)")
-    parser.add_argument("--run", type=OutputFolder(), default=REPO / "runs" / "docs_figures" / "toy",
-                        help="the demo model's run folder: trained there, or reused (default: "
-                             "runs/docs_figures/toy)")
-    parser.add_argument("--out", type=OutputFolder(), default=REPO / "docs" / "img",
-                        help="where the pictures go (default: docs/img)")
+    parser.add_argument("--run", type=OutputFolder(), help="the demo model's run folder: trained there, or "
+                        "reused (default: runs/docs_figures/toy; --smoke: runs/docs_figures/smoke)")
+    parser.add_argument("--out", type=OutputFolder(), help="where the pictures go (default: docs/img; "
+                        "--smoke: runs/docs_figures/smoke-img, never the docs' own)")
     parser.add_argument("--only", nargs="+", choices=FIGURES, metavar="NAME",
                         help=f"only these pictures: {', '.join(FIGURES)}")
     parser.add_argument("--smoke", action="store_true",
                         help="the smallest model, data and study (CI's smoke run; the pictures mean nothing)")
-    parser.checks.append(check_run)
+    parser.checks += [default_folders, check_run]
     return parser
+
+
+def default_folders(args: argparse.Namespace) -> None:
+    """--run and --out left out: the demo model and docs/img, or --smoke's own (another config, and pictures
+    that mean nothing)."""
+    runs = REPO / "runs" / "docs_figures"
+    args.run = args.run or runs / ("smoke" if args.smoke else "toy")
+    args.out = args.out or (runs / "smoke-img" if args.smoke else REPO / "docs" / "img")
 
 
 def workspace(run: Path) -> Path:
@@ -406,7 +410,7 @@ def draw(args: argparse.Namespace, want: set[str], run: Path, work: Path, sizes:
     config, studied = args.config.absolute(), want & set(STUDY_FIGURES)
     study = start_study(config, work, True) if args.smoke and studied else None
     try:
-        if want & MODEL_FIGURES:
+        if not want.isdisjoint(MODEL_FIGURES):
             with step(f"the demo model in {args.run}"):
                 attnmt(work / "train.log", "train", config, "--run-dir", run,
                        *set_words(smoke_sets() if args.smoke else []))
