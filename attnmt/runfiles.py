@@ -38,6 +38,7 @@ import shutil
 import stat
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -166,6 +167,36 @@ def temporary_folder(final: Path) -> Path:
             continue
         keep_attributes(tmp, final)
         return tmp
+
+
+def publish_folder(out: Path, fill: Callable[[Path], None]) -> None:
+    """Write a new folder ``out`` whole: ``fill(tmp)`` writes its files into a temporary folder beside it,
+    which is fsynced and renamed into place; ``out`` must not exist or be an empty folder (a ConfigError
+    otherwise, before ``fill`` runs), and a failure leaves nothing behind."""
+    out = Path(out)
+    if out.exists() and not (out.is_dir() and not any(out.iterdir())):
+        what = "a folder that is not empty" if out.is_dir() else "a file"
+        raise ConfigError(f"{out} is {what}; refusing to overwrite it (give a new folder)")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = temporary_folder(out)
+    except OSError as e:
+        raise os_error(out, e) from None
+    try:
+        fill(tmp)
+        for path in tmp.iterdir():
+            with open(path, "rb") as handle:
+                os.fsync(handle.fileno())
+        if out.exists():
+            out.rmdir()  # empty, checked above
+        os.replace(tmp, out)
+        fsync_dir(out.parent)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise os_error(out, e) from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def atomic_write_bytes(path: Path, data: bytes, durable: bool = True) -> None:

@@ -1,4 +1,4 @@
-"""Commands on trained models and configs: ``average``, ``export`` and ``info``."""
+"""Commands on trained models and configs: ``average``, ``export``, ``import`` and ``info``."""
 
 from __future__ import annotations
 
@@ -70,15 +70,52 @@ def info(
 def export(
     model: ModelArg,
     out: Annotated[Path, typer.Argument(help="The folder to write (new, or empty).", show_default=False)],
-    to: Annotated[ExportFormat, typer.Option("--to", help="The inference engine.")] = (
+    to: Annotated[ExportFormat, typer.Option("--to", help="The inference engine, or huggingface: a Marian "
+                                             "folder that transformers loads (MarianMTModel).")] = (
         ExportFormat.ctranslate2),
     quantization: Annotated[Quantization, typer.Option(
         "--quantization", help="How the engine stores the weights (int8: 8-bit weights and int8 products, "
-        "the fastest on CPU).")] = Quantization.float32,
+        "the fastest on CPU); ctranslate2 only.")] = Quantization.float32,
 ) -> None:
     """Export a Transformer checkpoint for CTranslate2, with its sentencepiece models: translate and eval
-    then accept OUT in place of MODEL (needs the ct2 extra: pip install 'attnmt\\[ct2]')."""
+    then accept OUT in place of MODEL (needs the ct2 extra: pip install 'attnmt\\[ct2]'); or, with --to
+    huggingface, as a Marian folder for transformers and the hub (post-norm Transformers that a Marian
+    model represents: an imported OPUS-MT model, fine-tuned or not, or one trained with its options)."""
+    if to is ExportFormat.huggingface:
+        from ..models.marian_io import export_marian
+
+        if quantization is not Quantization.float32:
+            raise ConfigError(f"--quantization {quantization.value}: for --to ctranslate2 only")
+        checkpoint = export_marian(model, out)
+        typer.echo(f"exported {checkpoint} to {out} (huggingface: MarianMTModel, float32)")
+        return
     from ..decoding.ctranslate import export_ctranslate2
 
     manifest = export_ctranslate2(model, out, quantization.value)
     typer.echo(f"exported {manifest['checkpoint']} to {out} ({to.value}, {quantization.value})")
+
+
+@command(name="import", inputs=("folder",), outputs={"out": Output()})
+def import_(
+    folder: Annotated[Path, typer.Argument(help="A Hugging Face Marian folder (an OPUS-MT model: "
+                                           "config.json, "
+                                           "model.safetensors or pytorch_model.bin, source.spm, target.spm, "
+                                           "vocab.json), downloaded beforehand.", show_default=False)],
+    out: Annotated[Path, typer.Argument(help="The attnmt checkpoint to write (atomically).",
+                                        show_default=False)],
+) -> None:
+    """Import an OPUS-MT (Marian) model as an attnmt checkpoint that every command accepts: translate, eval,
+    the attention tools, serve, export, and train.init_from to fine-tune it. Reads the files only
+    (safetensors, torch's weights-only loader, sentencepiece); downloads nothing."""
+    from ..models.checkpoint import save_payload
+    from ..models.marian_io import import_marian
+
+    payload = import_marian(folder)
+    save_payload(payload, out)
+    m = payload["config"]["model"]
+    sizes = payload["fingerprint"]["tokenizer"]
+    langs = payload["config"]["data"].get("target_tokens")
+    typer.echo(f"imported {folder} into {out}: Transformer {m['enc_layers']}+{m['dec_layers']} layers, "
+               f"d_model "
+               f"{m['d_model']}, vocabulary {sizes['src_vocab_size']} / {sizes['tgt_vocab_size']}"
+               + (f"; target languages (--tgt-lang): {', '.join(langs)}" if langs else ""))

@@ -72,6 +72,7 @@ class ExportFormat(str, Enum):
     """``export --to``: the inference engine to export for."""
 
     ctranslate2 = "ctranslate2"
+    huggingface = "huggingface"
 
 
 class Quantization(str, Enum):

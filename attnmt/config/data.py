@@ -154,8 +154,9 @@ class DataConfig(Section):
     tgt_lang: Str = "tgt"
     """The target language's code: it also picks BLEU's tokenizer (validation, ``eval``) and a multilingual
     model's default target language."""
-    train: Corpora
-    """The training corpus: one source, or a list of them (each with its own languages, weight and tag)."""
+    train: Corpora | None = None
+    """The training corpus: one source, or a list of them (each with its own languages, weight and tag);
+    required to prepare and train (the config of an imported model names none)."""
     dev: Source | None = None
     """The validation corpus, translated every ``train.eval_every`` steps; without it, training never
     validates (no best checkpoint by score, no early stopping)."""
@@ -167,18 +168,32 @@ class DataConfig(Section):
     """Pairs whose piece counts differ by more than this factor are dropped from training."""
     max_dropped_fraction: Annotated[float, Field(strict=True, ge=0.0, le=1.0, allow_inf_nan=False)] = 0.5
     """Stop with an error when cleaning drops more than this fraction of the training pairs."""
+    target_tokens: dict[LangCode, Token] | None = None
+    """A model whose target-language tokens are not attnmt's ``<2xx>``: each language it translates into and
+    the token that asks for it (an imported multilingual OPUS-MT model's ``>>fra<<``; ``attnmt import``
+    writes them into the model's config, and a config that fine-tunes it copies them). Every source then
+    starts with its language's token, and ``translate --tgt-lang`` chooses one of these languages."""
 
     def corpora(self) -> list[Any]:
-        """The training corpora, in order (one source or the list)."""
+        """The training corpora, in order (one source or the list; none in an imported model's config)."""
+        if self.train is None:
+            return []
         return list(self.train) if isinstance(self.train, list) else [self.train]
 
     def target_languages(self) -> list[str]:
-        """The languages the training corpora go into, sorted."""
-        return sorted({c.tgt_lang or self.tgt_lang for c in self.corpora()})
+        """The languages the model translates into, sorted: ``target_tokens``' languages, else the training
+        corpora's (the section's ``tgt_lang`` without any)."""
+        if self.target_tokens:
+            return sorted(self.target_tokens)
+        return sorted({c.tgt_lang or self.tgt_lang for c in self.corpora()} or {self.tgt_lang})
 
     @property
     def multilingual(self) -> bool:
-        return len(self.target_languages()) > 1
+        return bool(self.target_tokens) or len(self.target_languages()) > 1
+
+    def token_for(self, lang: str) -> str:
+        """The token that asks this model for ``lang``: from ``target_tokens``, else ``<2xx>``."""
+        return self.target_tokens[lang] if self.target_tokens else target_token(lang)
 
     def languages(self) -> tuple[str, ...]:
         """Every language named, the section's first (for the tokenizer's defaults)."""
@@ -189,18 +204,18 @@ class DataConfig(Section):
     def source_prefix(self, source: Any) -> str:
         """The control tokens put before each source of ``source`` (a training, dev or test corpus), as text:
         the target language's token in a multilingual model, then the corpus's tag."""
-        tokens = [target_token(source.tgt_lang or self.tgt_lang)] if self.multilingual else []
+        tokens = [self.token_for(source.tgt_lang or self.tgt_lang)] if self.multilingual else []
         return " ".join(tokens + ([source.tag] if source.tag else []))
 
     def control_tokens(self) -> list[str]:
         """Every token ``source_prefix`` may put: the tokenizer keeps each as one piece."""
-        targets = [target_token(lang) for lang in self.target_languages()] if self.multilingual else []
+        targets = [self.token_for(lang) for lang in self.target_languages()] if self.multilingual else []
         return targets + sorted({c.tag for c in self.corpora() if c.tag} - set(targets))
 
     def corpus_keys(self) -> list[str]:
         """Each training corpus's key as messages name it: ``data.train`` (one), ``data.train.N`` (a list)."""
         if not isinstance(self.train, list):
-            return ["data.train"]
+            return [] if self.train is None else ["data.train"]
         return [f"data.train.{i}" for i in range(len(self.train))]
 
     def weights(self) -> list[float] | None:
@@ -220,7 +235,7 @@ class DataConfig(Section):
             lang = self.tgt_lang if self.tgt_lang in langs else langs[0]
         elif lang not in langs:
             raise ConfigError(f"{named} {lang}: this model translates into {', '.join(langs)} only")
-        return target_token(lang) if self.multilingual else ""
+        return self.token_for(lang) if self.multilingual else ""
 
 
 def check_corpora(data: DataConfig, where: Callable[[str], str]) -> None:
@@ -239,7 +254,13 @@ def check_corpora(data: DataConfig, where: Callable[[str], str]) -> None:
         if data.multilingual and lang not in langs:
             key = f"data.{split}.tgt_lang" if source.tgt_lang else "data.tgt_lang"
             raise ConfigError(f"{where(key)}: {lang}, but the training corpora go into {', '.join(langs)}")
-    targets = {target_token(lang) for lang in langs} if data.multilingual else set()
+    for key, corpus in zip(data.corpus_keys(), data.corpora(), strict=True):
+        lang = corpus.tgt_lang or data.tgt_lang
+        if data.target_tokens and lang not in data.target_tokens:
+            key = f"{key}.tgt_lang" if corpus.tgt_lang else "data.tgt_lang"
+            raise ConfigError(f"{where(key)}: {lang}, which data.target_tokens has no token for "
+                              f"({', '.join(sorted(data.target_tokens))})")
+    targets = {data.token_for(lang) for lang in langs} if data.multilingual else set()
     # A target-language token <2xx> is never reserved (a language code is letters, digits, _ and -): tags are.
     for key, corpus in zip(data.corpus_keys(), data.corpora(), strict=True):
         if not corpus.tag:

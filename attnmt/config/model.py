@@ -70,14 +70,18 @@ class TransformerConfig(Section):
     inside the feed-forward sublayer (training only)."""
     attn_dropout: Probability = 0.0
     """Dropout on the attention probabilities (training only)."""
-    activation: Literal["relu", "gelu"] = "relu"
-    """The feed-forward sublayer's nonlinearity."""
+    activation: Literal["relu", "gelu", "silu"] = "relu"
+    """The feed-forward sublayer's nonlinearity: silu is x * sigmoid(x), Marian's (OPUS-MT's) swish."""
     norm: Literal["pre", "post"] = "pre"
     """pre: x + f(LayerNorm(x)), with a final LayerNorm after the encoder and the decoder; post:
     LayerNorm(x + f(x)), as Vaswani et al. 2017."""
-    positions: Literal["sinusoidal", "learned"] = "sinusoidal"
+    positions: Literal["sinusoidal", "sinusoidal_concat", "learned"] = "sinusoidal"
     """Position encodings added to the embeddings: sinusoidal (fixed, any length; Vaswani et al. 2017, sec.
-    3.5) or learned (a table of max_positions rows)."""
+    3.5, sines and cosines interleaved), sinusoidal_concat (the same waves, all sines first and then all
+    cosines: Marian's and OPUS-MT's layout) or learned (a table of max_positions rows)."""
+    scale_embeddings: Bool = True
+    """Multiply the embeddings by sqrt(d_model) before the positions are added (Vaswani et al. 2017, sec.
+    3.4; OPUS-MT's scale_embedding)."""
     max_positions: PositiveInt = 1024
     """learned positions: the longest sequence in pieces, BOS or EOS included (a longer one is an error);
     also linformer's longest source. Sinusoidal encodings are computed past it."""
@@ -106,6 +110,9 @@ class TransformerConfig(Section):
     tokenizer.joint)."""
     tie_output: Bool = True
     """The output projection shares the target embedding's weights."""
+    output_bias: Bool = False
+    """A bias on the output projection's logits (Marian's final_logits_bias; an imported OPUS-MT model has
+    one)."""
 
     @field_validator("dec_kernel", mode="before")
     @classmethod

@@ -129,6 +129,10 @@ def prepare(cfg: Config, run: RunDir, workers: int | None = None) -> PrepareRepo
     lock), in ``workers`` processes (default: one per core). A folder that is not a run folder and not empty
     is refused before anything is read, and so is a corpus file inside the folders of the run that prepare
     replaces. Nothing of the run is replaced before every split has been read and encoded."""
+    if cfg.data.train is None:
+        raise ConfigError("data.train: required to prepare and train (this config names no training corpus: "
+                          "an imported model's is for translating; fine-tune it with a config of your own, "
+                          "train.init_from naming it)")
     check_run_folder(run)
     check_sources_outside(cfg, run)
     workers = workers or default_workers()

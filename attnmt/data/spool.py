@@ -158,13 +158,13 @@ class Filters:
 _TOKENIZER: list = [None, None]  # a worker's tokenizer and the model bytes it was made from
 
 
-def _tokenizer(models: tuple[bytes, bytes, bool]) -> Tokenizer:
+def _tokenizer(models: tuple[bytes, bytes, bool, bytes | None]) -> Tokenizer:
     if _TOKENIZER[1] != models:
         _TOKENIZER[:] = [Tokenizer(*models), models]
     return _TOKENIZER[0]
 
 
-def encode_chunk(task: tuple[list[str], tuple[bytes, bytes, bool], Filters, str, int]) -> dict:
+def encode_chunk(task: tuple[list[str], tuple[bytes, bytes, bool, bytes | None], Filters, str, int]) -> dict:
     """A chunk of spool lines encoded and filtered: ``SplitWriter.append``'s arrays and texts of the kept
     pairs, with ``dropped`` (reason -> count), ``unk`` (per side), ``histogram`` (lengths, per side) and
     ``part`` (the task's last item: the corpus the lines are of)."""
@@ -265,7 +265,7 @@ def encode_spooled(spooled: Spooled, tokenizer: Tokenizer, filters: Filters, wri
                    workers: int) -> tuple[Counts, list[int]]:
     """Encode the spool of a split into ``writer`` (which the caller commits); its counts, and the pairs each
     corpus of the spool's ``parts`` still has after the filters (a chunk never spans two corpora)."""
-    models = (tokenizer.src_model, tokenizer.tgt_model, tokenizer.joint)
+    models = (tokenizer.src_model, tokenizer.tgt_model, tokenizer.joint, tokenizer.pieces)
     parts = spooled.parts or [spooled.kept]
     tasks = ((lines, models, filters, writer.dtype.name, part)
              for part, lines in _part_chunks(spooled.path, parts))

@@ -17,6 +17,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -24,6 +25,7 @@ from ..config.schema import TokenizerConfig
 from ..config.specials import BOS_ID, EOS_ID, PAD_ID, SPECIAL_PIECES, UNK_ID
 from ..errors import CheckpointError, DataError
 from .bpe_dropout import BpeDropout, is_bpe, model_spec
+from .piece_map import PIECES_FILE, PieceMap, split_code
 
 META_FILE = "tokenizer.json"
 
@@ -32,12 +34,13 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def tokenizer_sha256(src_sha256: str, tgt_sha256: str) -> str:
+def tokenizer_sha256(src_sha256: str, tgt_sha256: str, pieces_sha256: str | None = None) -> str:
     """The tokenizer's hash: one value from its two models' sha256s (a joint tokenizer's model is both),
     what an encoded split, a tokenizer folder and a checkpoint are compared by (``Tokenizer.sha256``,
     ``folder_sha256``, ``recorded_sha256``). Joint or not does not enter: the same two models give the same
-    ids."""
-    return sha256_bytes(f"{src_sha256}\n{tgt_sha256}".encode("ascii"))
+    ids. An imported tokenizer's piece map (``pieces_sha256``) enters too."""
+    text = f"{src_sha256}\n{tgt_sha256}" + (f"\n{pieces_sha256}" if pieces_sha256 else "")
+    return sha256_bytes(text.encode("ascii"))
 
 
 def train_model(sentences: Sequence[str], cfg: TokenizerConfig, seed: int = 1,
@@ -94,18 +97,26 @@ def train_model(sentences: Sequence[str], cfg: TokenizerConfig, seed: int = 1,
 
 @dataclass
 class Tokenizer:
-    """One (joint) or two (separate) sentencepiece models behind one interface."""
+    """One (joint) or two (separate) sentencepiece models behind one interface; or, for an imported model,
+    two sentencepiece models and a ``PieceMap`` that gives the pieces their ids (``joint`` then means one
+    vocabulary for both sides)."""
 
     src_model: bytes
     tgt_model: bytes
     joint: bool
+    pieces: bytes | None = None
+    """An imported model's ``pieces.json`` (``piece_map.py``); None for a tokenizer attnmt trained."""
 
     def __post_init__(self) -> None:
         import sentencepiece as spm
 
         self._src = spm.SentencePieceProcessor(model_proto=self.src_model)
-        self._tgt = self._src if self.joint else spm.SentencePieceProcessor(model_proto=self.tgt_model)
+        self._tgt = (self._src if self.joint and self.pieces is None
+                     else spm.SentencePieceProcessor(model_proto=self.tgt_model))
         self._samplers: dict[str, BpeDropout | np.ndarray] = {}  # each side's, for ``sample``
+        self.map = None if self.pieces is None else PieceMap.from_bytes(self.pieces)
+        if self.map is not None:
+            return  # its specials are the map's (the import put them in attnmt's places)
         for side, sp in (("source", self._src), ("target", self._tgt)):
             ids = (sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id())
             if ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
@@ -116,17 +127,25 @@ class Tokenizer:
 
     @property
     def src_vocab_size(self) -> int:
-        return self._src.get_piece_size()
+        return self._src.get_piece_size() if self.map is None else self.map.size("src")
 
     @property
     def tgt_vocab_size(self) -> int:
-        return self._tgt.get_piece_size()
+        return self._tgt.get_piece_size() if self.map is None else self.map.size("tgt")
 
     def encode_src(self, texts: list[str]) -> list[list[int]]:
-        return self._src.encode(texts, out_type=int)
+        if self.map is None:
+            return self._src.encode(texts, out_type=int)
+        out = []
+        for text in texts:
+            code, rest = split_code(text)
+            out.append(self.map.ids("src", code + self._src.encode(rest, out_type=str)))
+        return out
 
     def encode_tgt(self, texts: list[str]) -> list[list[int]]:
-        return self._tgt.encode(texts, out_type=int)
+        if self.map is None:
+            return self._tgt.encode(texts, out_type=int)
+        return [self.map.ids("tgt", pieces) for pieces in self._tgt.encode(texts, out_type=str)]
 
     def sample(self, side: str, text: str, alpha: float, nbest: int, seed: int) -> list[int]:
         """One segmentation of ``text`` by the ``side`` (``src``, ``tgt``) model, a pure function of ``seed``.
@@ -136,6 +155,12 @@ class Tokenizer:
         Not sentencepiece's own sampling: it cannot be seeded (with one seed, its draws differ from one
         process to the next, so a resumed or a second run would see other pieces)."""
         model = self._src if side == "src" else self._tgt
+        if self.map is not None:  # the sentencepiece model's own ids, then the map's
+            ids = self._sample_ids(model, side, text, alpha, nbest, seed)
+            return self.map.ids(side, [model.id_to_piece(i) for i in ids])
+        return self._sample_ids(model, side, text, alpha, nbest, seed)
+
+    def _sample_ids(self, model, side: str, text: str, alpha: float, nbest: int, seed: int) -> list[int]:
         if side not in self._samplers:
             self._samplers[side] = self._sampler(side)
         sampler = self._samplers[side]
@@ -165,27 +190,33 @@ class Tokenizer:
 
     def decode_tgt(self, ids: list[list[int]]) -> list[str]:
         """Detokenised text; special ids are dropped."""
-        return self._tgt.decode([[i for i in seq if i > EOS_ID] for seq in ids])
+        kept = [[i for i in seq if i > EOS_ID] for seq in ids]
+        if self.map is None:
+            return self._tgt.decode(kept)
+        return [self._tgt.decode_pieces(self.map.pieces("tgt", seq)) for seq in kept]
 
     def single_piece(self, token: str) -> bool:
         """Whether the source model reads ``token`` as one piece of its own (a control token; at the start
         of a sentence, after sentencepiece's word-start piece)."""
+        if self.map is not None:  # a piece of the vocabulary at the start (a >>fra<< token, split_code)
+            return self.map.has("src", token)
         return self._src.piece_to_id(token) != UNK_ID and token in self._src.encode(token, out_type=str)
 
     def src_pieces(self, ids: list[int]) -> list[str]:
-        return [self._src.id_to_piece(i) for i in ids]
+        return [self._src.id_to_piece(i) for i in ids] if self.map is None else self.map.pieces("src", ids)
 
     def tgt_pieces(self, ids: list[int]) -> list[str]:
-        return [self._tgt.id_to_piece(i) for i in ids]
+        return [self._tgt.id_to_piece(i) for i in ids] if self.map is None else self.map.pieces("tgt", ids)
 
     @property
     def sha256(self) -> str:
         """The tokenizer's hash (``tokenizer_sha256``)."""
-        return tokenizer_sha256(sha256_bytes(self.src_model), sha256_bytes(self.tgt_model))
+        return tokenizer_sha256(sha256_bytes(self.src_model), sha256_bytes(self.tgt_model),
+                                self.pieces and sha256_bytes(self.pieces))
 
     def fingerprint(self) -> dict:
         """What a checkpoint records to recognise this tokenizer."""
-        return {
+        return ({"pieces_sha256": sha256_bytes(self.pieces)} if self.pieces is not None else {}) | {
             "joint": self.joint,
             "src_sha256": sha256_bytes(self.src_model),
             "tgt_sha256": sha256_bytes(self.tgt_model),
@@ -198,6 +229,8 @@ class Tokenizer:
 
     def files(self) -> dict[str, bytes]:
         """File name -> bytes, as stored in a tokenizer folder."""
+        if self.pieces is not None:
+            return {"src.model": self.src_model, "tgt.model": self.tgt_model, PIECES_FILE: self.pieces}
         if self.joint:
             return {"spm.model": self.src_model}
         return {"src.model": self.src_model, "tgt.model": self.tgt_model}
@@ -246,10 +279,12 @@ def load_tokenizer(folder: Path, expected: dict | None = None) -> Tokenizer:
     """
     meta_path = Path(folder) / META_FILE
     joint, hashes = _read_meta(Path(folder))
-    names = model_names(joint)
+    imported = PIECES_FILE in hashes
+    names = model_names(joint, imported)
     if expected is not None:
-        wanted = ([expected.get("src_sha256")] if joint
+        wanted = ([expected.get("src_sha256")] if len(names) == 1
                   else [expected.get("src_sha256"), expected.get("tgt_sha256")])
+        wanted += [expected.get("pieces_sha256")] if imported else []
         if joint != expected.get("joint") or [hashes.get(name) for name in names] != wanted:
             raise CheckpointError(f"{folder}: tokenizer does not match checkpoint "
                                   f"(expected sha256 {str(wanted[0])[:12]}…)")
@@ -261,8 +296,11 @@ def load_tokenizer(folder: Path, expected: dict | None = None) -> Tokenizer:
     return _from_bytes(models, joint, Path(folder))
 
 
-def model_names(joint: bool) -> list[str]:
-    """The model files of a tokenizer folder: (source, target), or the joint one."""
+def model_names(joint: bool, imported: bool = False) -> list[str]:
+    """The model files of a tokenizer folder: (source, target), or the joint one; an imported tokenizer's
+    are (source, target, piece map)."""
+    if imported:
+        return ["src.model", "tgt.model", PIECES_FILE]
     return ["spm.model"] if joint else ["src.model", "tgt.model"]
 
 
@@ -282,9 +320,10 @@ def folder_sha256(folder: Path) -> str:
     """The hash (``tokenizer_sha256``) of the tokenizer in ``folder``, from the sha256s its
     ``tokenizer.json`` records (which ``load_tokenizer`` checks the model files against): no model is read."""
     joint, hashes = _read_meta(Path(folder))
-    names = model_names(joint)
+    names = model_names(joint, PIECES_FILE in hashes)
     try:
-        return tokenizer_sha256(str(hashes[names[0]]), str(hashes[names[-1]]))
+        return tokenizer_sha256(str(hashes[names[0]]), str(hashes[names[1 if len(names) > 1 else 0]]),
+                                hashes.get(PIECES_FILE))
     except KeyError as e:
         raise CheckpointError(f"{Path(folder) / META_FILE}: no sha256 recorded for {e.args[0]}") from None
 
@@ -295,7 +334,10 @@ def recorded_sha256(fingerprint: dict | None) -> str | None:
     if not isinstance(fingerprint, dict):
         return None
     src, tgt = fingerprint.get("src_sha256"), fingerprint.get("tgt_sha256")
-    return tokenizer_sha256(src, tgt) if isinstance(src, str) and isinstance(tgt, str) else None
+    if not (isinstance(src, str) and isinstance(tgt, str)):
+        return None
+    pieces = fingerprint.get("pieces_sha256")
+    return tokenizer_sha256(src, tgt, pieces if isinstance(pieces, str) else None)
 
 
 def load_external(src_path: Path, tgt_path: Path | None) -> Tokenizer:
@@ -306,8 +348,35 @@ def load_external(src_path: Path, tgt_path: Path | None) -> Tokenizer:
 
 
 def _from_bytes(models: list[bytes], joint: bool, where: Path) -> Tokenizer:
+    """``models``: [joint], [source, target] or [source, target, piece map]."""
     try:
-        return Tokenizer(models[0], models[-1], joint=joint)
+        return Tokenizer(models[0], models[1 if len(models) > 1 else 0], joint=joint,
+                         pieces=models[2] if len(models) > 2 else None)
     except RuntimeError as e:  # sentencepiece: "could not parse ModelProto"
         raise CheckpointError(f"{where}: not a valid sentencepiece model "
+                              f"({str(e).splitlines()[0]})") from None
+
+
+def stored_tokenizer(files: dict[str, bytes], expected: Any, path: Path) -> Tokenizer:
+    """The tokenizer a checkpoint (``path``) carries: its files, checked against the sha256s its fingerprint
+    (``expected``) records before sentencepiece parses a byte."""
+    try:
+        if not isinstance(expected, dict) or not isinstance(expected.get("joint"), bool):
+            raise KeyError("fingerprint.tokenizer.joint")
+        joint, imported = expected["joint"], "pieces_sha256" in expected
+        names = model_names(joint, imported)
+        models = [files[name] for name in names]
+        wanted = [expected["src_sha256"], expected["tgt_sha256"]][: len(names)]
+        wanted += [expected["pieces_sha256"]] if imported else []
+    except (KeyError, TypeError, AttributeError) as e:
+        raise CheckpointError(f"{path}: checkpoint has no usable tokenizer "
+                              f"({type(e).__name__}: {e})") from None
+    if [sha256_bytes(m) for m in models] != wanted:
+        raise CheckpointError(f"{path}: tokenizer does not match checkpoint "
+                              f"(expected sha256 {str(wanted[0])[:12]}…)")
+    try:
+        return Tokenizer(models[0], models[1 if len(models) > 1 else 0], joint=joint,
+                         pieces=models[2] if imported else None)
+    except RuntimeError as e:
+        raise CheckpointError(f"{path}: its tokenizer is not a valid sentencepiece model "
                               f"({str(e).splitlines()[0]})") from None

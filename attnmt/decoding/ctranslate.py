@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -31,10 +29,10 @@ import torch
 
 from ..config.schema import Config, config_from_dict
 from ..data.batching import token_batches
-from ..data.tokenizer import BOS_ID, META_FILE, PAD_ID, Tokenizer, load_tokenizer
-from ..errors import CheckpointError, ConfigError, os_error
+from ..data.tokenizer import BOS_ID, EOS_ID, META_FILE, PAD_ID, UNK_ID, Tokenizer, load_tokenizer
+from ..errors import CheckpointError, ConfigError
 from ..models.checkpoint import sha256_file
-from ..runfiles import EXPORT_MANIFEST, fsync_dir, temporary_folder
+from ..runfiles import EXPORT_MANIFEST, publish_folder
 from .search import Hypothesis, Sampling, check_search_settings, output_limit
 from .translator import Translator
 
@@ -106,7 +104,7 @@ def build_spec(model, cfg: Config, tokenizer: Tokenizer):
     m = cfg.model
     spec = transformer_spec.TransformerSpec.from_config(
         (m.enc_layers, m.dec_layers), m.n_heads, pre_norm=m.norm == "pre",
-        activation=common_spec.Activation.RELU if m.activation == "relu" else common_spec.Activation.GELU)
+        activation=getattr(common_spec.Activation, {"silu": "SWISH"}.get(m.activation, m.activation.upper())))
     # Positions the folder must cover: the longest source (max_src_len pieces + EOS) and the longest output.
     d = cfg.decode
     rows = max(m.max_positions, d.max_src_len + 1, math.floor(d.max_len_a * d.max_src_len + d.max_len_b) + 2)
@@ -141,9 +139,16 @@ def build_spec(model, cfg: Config, tokenizer: Tokenizer):
         _norm(enc.layer_norm, model.enc_norm)
         _norm(dec.layer_norm, model.dec_norm)
     dec.projection.weight = _np(model.output.weight)
+    if model.output.bias is not None:
+        dec.projection.bias = _np(model.output.bias)
+    enc.scale_embeddings = dec.scale_embeddings = m.scale_embeddings
     spec.register_source_vocabulary(tokenizer.src_pieces(list(range(tokenizer.src_vocab_size))))
     spec.register_target_vocabulary(tokenizer.tgt_pieces(list(range(tokenizer.tgt_vocab_size))))
     spec.config.add_source_eos = True
+    # An imported model's pieces for attnmt's specials (its decoder starts from its own pad, in bos's place).
+    bos, eos, unk = tokenizer.tgt_pieces([BOS_ID, EOS_ID, UNK_ID])
+    spec.config.bos_token = spec.config.decoder_start_token = bos
+    spec.config.eos_token, spec.config.unk_token = eos, unk
     spec.config.layer_norm_epsilon = 1e-5
     return spec
 
@@ -158,50 +163,29 @@ def export_ctranslate2(model_path: Path, out: Path, quantization: str = "float32
         raise ConfigError(f"--quantization {quantization}: expected one of {', '.join(QUANTIZATIONS)}")
     out = Path(out)
     if out.exists() and not (out.is_dir() and not any(out.iterdir())):
-        what = "a folder that is not empty" if out.is_dir() else "a file"
-        raise ConfigError(f"{out} is {what}; refusing to overwrite it (give a new folder)")
+        publish_folder(out, lambda tmp: None)  # its refusal, before the model is read
     model, tokenizer, cfg, checkpoint = load_model(model_path, "cpu")
     why = _unsupported(cfg.model)
     if why is not None:
         raise ConfigError(f"{checkpoint}: cannot export to CTranslate2: {why}")
     with torch.no_grad():
         spec = build_spec(model, cfg, tokenizer)
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = temporary_folder(out)
-    except OSError as e:
-        raise os_error(out, e) from None
-    try:
+    manifest = {"format": FORMAT, "version": VERSION, "quantization": quantization,
+                "checkpoint": str(checkpoint)}
+
+    def fill(tmp: Path) -> None:
         spec.validate()
         spec.optimize(quantization=quantization)
         spec.save(str(tmp))
         for name, data in tokenizer.files().items():
             (tmp / name).write_bytes(data)
         (tmp / META_FILE).write_text(json.dumps(tokenizer.meta(), indent=2), encoding="utf-8")
-        manifest = {
-            "format": FORMAT,
-            "version": VERSION,
-            "quantization": quantization,
-            "checkpoint": str(checkpoint),
-            "model_sha256": sha256_file(tmp / "model.bin"),
-            "tokenizer": tokenizer.fingerprint(),
-            "config": cfg.to_dict(),
-        }
+        manifest.update(model_sha256=sha256_file(tmp / "model.bin"), tokenizer=tokenizer.fingerprint(),
+                        config=cfg.to_dict())
         (tmp / EXPORT_MANIFEST).write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n",
                                            encoding="utf-8")
-        for path in tmp.iterdir():
-            with open(path, "rb") as handle:
-                os.fsync(handle.fileno())
-        if out.exists():
-            out.rmdir()  # empty, checked above
-        os.replace(tmp, out)
-        fsync_dir(out.parent)
-    except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise os_error(out, e) from None
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    publish_folder(out, fill)
     return manifest
 
 

@@ -36,8 +36,21 @@ def sinusoid(positions: torch.Tensor, d_model: int) -> torch.Tensor:
     return out
 
 
+def sinusoid_concat(positions: torch.Tensor, d_model: int) -> torch.Tensor:
+    """The same waves with all sines first, then all cosines (Marian's layout, OPUS-MT's): positions (L,) ->
+    (L, D). Computed in float64, as Marian's own table is, then rounded: at position 500 a float32 angle is
+    off by about 3e-5."""
+    half = torch.arange(0, d_model, 2, device=positions.device, dtype=torch.float64)
+    angles = positions.double()[:, None] / torch.pow(10000.0, half / d_model)[None, :]  # (L, ceil(D/2))
+    sines = (d_model + 1) // 2
+    return torch.cat([torch.sin(angles), torch.cos(angles[:, : d_model - sines])], dim=1).float()
+
+
+SINUSOIDS = {"sinusoidal": sinusoid, "sinusoidal_concat": sinusoid_concat}
+
+
 class Positions(nn.Module):
-    """Sinusoidal (fixed, any length) or learned (up to ``max_positions``) position encodings."""
+    """Sinusoidal (fixed, any length; two layouts) or learned (up to ``max_positions``) position encodings."""
 
     def __init__(self, kind: str, d_model: int, max_positions: int) -> None:
         super().__init__()
@@ -47,7 +60,8 @@ class Positions(nn.Module):
             nn.init.normal_(self.table.weight, std=d_model**-0.5)
         else:
             # Not persistent: it is a function of the config, not a weight, so checkpoints skip it.
-            self.register_buffer("table", sinusoid(torch.arange(max_positions), d_model), persistent=False)
+            self.register_buffer("table", SINUSOIDS[kind](torch.arange(max_positions), d_model),
+                                 persistent=False)
 
     def forward(self, start: int, length: int, device: torch.device) -> torch.Tensor:
         """Encodings of positions start .. start + length - 1: (L, D)."""
@@ -58,16 +72,19 @@ class Positions(nn.Module):
                                  f"{self.max_positions}")
             return self.table.weight[start:end]
         if end > self.table.size(0):
-            return sinusoid(torch.arange(start, end, device=device), self.d_model)
+            return SINUSOIDS[self.kind](torch.arange(start, end, device=device), self.d_model)
         return self.table[start:end]
 
 
 class FeedForward(nn.Sequential):
-    """The position-wise feed-forward sublayer (sec. 3.3): Linear, ReLU or GELU, dropout, Linear."""
+    """The position-wise feed-forward sublayer (sec. 3.3): Linear, ReLU, GELU or SiLU, dropout, Linear."""
 
     def __init__(self, d_model: int, d_ff: int, activation: str, dropout: float) -> None:
-        super().__init__(nn.Linear(d_model, d_ff), nn.ReLU() if activation == "relu" else nn.GELU(),
-                         Dropout(dropout), nn.Linear(d_ff, d_model))
+        super().__init__(nn.Linear(d_model, d_ff), ACTIVATIONS[activation](), Dropout(dropout),
+                         nn.Linear(d_ff, d_model))
+
+
+ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU}
 
 
 class Sublayer(nn.Module):
@@ -226,12 +243,16 @@ class TransformerModel(nn.Module):
         pre = cfg.norm == "pre"
         self.enc_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
         self.dec_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
-        self.output = nn.Linear(cfg.d_model, tgt_vocab_size, bias=False)
+        self.output = nn.Linear(cfg.d_model, tgt_vocab_size, bias=cfg.output_bias)
+        if cfg.output_bias:
+            nn.init.zeros_(self.output.bias)
         if cfg.tie_output:
             self.output.weight = self.tgt_embed.weight
 
     def _embed(self, embed: nn.Embedding, tokens: torch.Tensor, start: int) -> torch.Tensor:
-        x = embed(tokens) * math.sqrt(self.cfg.d_model)  # (B, L, D): scaled as in sec. 3.4
+        x = embed(tokens)  # (B, L, D)
+        if self.cfg.scale_embeddings:
+            x = x * math.sqrt(self.cfg.d_model)  # scaled as in sec. 3.4
         return self.dropout(x + self.positions(start, tokens.size(1), tokens.device))
 
     def _encode(self, src: torch.Tensor, src_mask: torch.Tensor,

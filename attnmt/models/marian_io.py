@@ -1,0 +1,278 @@
+"""``attnmt import`` and ``attnmt export --to huggingface``: a Hugging Face Marian folder (OPUS-MT) read
+into an attnmt checkpoint, and an attnmt Transformer written as one. ``marian.py`` holds the mapping.
+
+The folder is what ``MarianMTModel.save_pretrained`` and ``MarianTokenizer.save_pretrained`` write:
+``config.json`` (``model_type: marian``), ``model.safetensors`` or ``pytorch_model.bin``, ``source.spm``,
+``target.spm``, ``vocab.json`` (and ``target_vocab.json`` with separate vocabularies),
+``tokenizer_config.json``. It is read with ``safetensors``, torch's weights-only loader and
+sentencepiece: no ``transformers`` at run time, and nothing is downloaded. Any problem is a
+CheckpointError (exit 4) naming the file, raised before anything is written.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .. import __version__
+from ..data.piece_map import PieceMap
+from ..data.tokenizer import Tokenizer
+from ..errors import CheckpointError, ConfigError
+from . import build_model
+from .checkpoint import FORMAT, bytes_tensor, fingerprint
+from .marian import model_section, to_attnmt, vocab_order
+
+HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+LANGUAGE_TOKEN = re.compile(r"^>>([A-Za-z][A-Za-z0-9_-]*)<<$")
+
+
+@dataclass
+class MarianFolder:
+    hf: dict  # config.json
+    tokenizer_config: dict
+    state: dict[str, torch.Tensor]
+    source_spm: bytes
+    target_spm: bytes
+    vocab: dict[str, int]
+    target_vocab: dict[str, int] | None  # separate vocabularies only
+
+
+def _json(path: Path, required: bool = True) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        if not required:
+            return {}
+        raise CheckpointError(f"{path}: missing (a Marian folder has config.json, model.safetensors or "
+                              "pytorch_model.bin, source.spm, target.spm, vocab.json)") from None
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise CheckpointError(f"{path}: unreadable JSON ({str(e).splitlines()[0][:120]})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: not a JSON object")
+    return data
+
+
+def _bytes(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: missing (a Marian folder has source.spm and target.spm)") from None
+    except OSError as e:
+        raise CheckpointError(f"{path}: unreadable ({e.strerror})") from None
+
+
+def _weights(folder: Path) -> dict[str, torch.Tensor]:
+    """The state dict from ``model.safetensors``, else ``pytorch_model.bin`` (weights only)."""
+    path = folder / "model.safetensors"
+    try:
+        if path.is_file():
+            from safetensors.torch import load_file
+
+            return load_file(str(path), device="cpu")
+        path = folder / "pytorch_model.bin"
+        if not path.is_file():
+            raise CheckpointError(f"{folder}: no model.safetensors or pytorch_model.bin")
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except CheckpointError:
+        raise
+    except Exception as e:  # a truncated or damaged file: safetensors' and torch's own errors
+        cause = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise CheckpointError(f"{path}: unreadable weights ({cause[:160]})") from None
+    if not isinstance(state, dict) or not all(isinstance(t, torch.Tensor) for t in state.values()):
+        raise CheckpointError(f"{path}: not a mapping of names to tensors")
+    return state
+
+
+def read_folder(folder: Path) -> MarianFolder:
+    """The files of a Marian folder, checked enough to convert."""
+    folder = Path(folder)
+    if not folder.exists():
+        hint = (f"; attnmt downloads nothing: fetch it first (hf download {folder} --local-dir "
+                f"{folder.name}) and give that folder" if HUB_NAME.match(str(folder)) else "")
+        raise CheckpointError(f"{folder}: no such folder{hint}")
+    if not folder.is_dir():
+        raise CheckpointError(f"{folder}: not a folder; give the Marian model's folder (config.json, ...)")
+    hf = _json(folder / "config.json")
+    if hf.get("model_type") != "marian":
+        raise CheckpointError(f"{folder / 'config.json'}: model_type is {hf.get('model_type')!r}; attnmt "
+                              "imports Marian models (OPUS-MT), model_type marian")
+    tc = _json(folder / "tokenizer_config.json", required=False)
+    vocab = _vocab(folder / "vocab.json")
+    target_vocab = _vocab(folder / "target_vocab.json") if tc.get("separate_vocabs") else None
+    return MarianFolder(hf, tc, _weights(folder), _bytes(folder / "source.spm"),
+                        _bytes(folder / "target.spm"), vocab, target_vocab)
+
+
+def _vocab(path: Path) -> dict[str, int]:
+    vocab = _json(path)
+    if not all(type(i) is int for i in vocab.values()):
+        raise CheckpointError(f"{path}: every piece must map to an integer id")
+    return vocab
+
+
+def piece_map(m: MarianFolder, where: Path) -> PieceMap:
+    """The attnmt order of both sides' vocabularies (``marian.vocab_order``)."""
+    tc, hf = m.tokenizer_config, m.hf
+    unk, eos, pad = (str(tc.get(k) or d) for k, d in (("unk_token", "<unk>"), ("eos_token", "</s>"),
+                                                       ("pad_token", "<pad>")))
+    ids = {k: hf.get(k) for k in ("pad_token_id", "eos_token_id", "decoder_start_token_id")}
+    if not all(type(v) is int for v in ids.values()):
+        raise CheckpointError(f"{where / 'config.json'}: pad_token_id, eos_token_id and "
+                              f"decoder_start_token_id must be integers, got {ids}")
+    target = m.target_vocab or m.vocab
+    name = where / ("target_vocab.json" if m.target_vocab else "vocab.json")
+    if unk not in target:
+        raise CheckpointError(f"{name}: has no {unk} piece")
+    tgt_pieces, tgt_ids = vocab_order(target, ids["pad_token_id"], target[unk], ids["decoder_start_token_id"],
+                                      ids["eos_token_id"], str(name))
+    if m.target_vocab is None:
+        return PieceMap(tgt_pieces, tgt_pieces, tgt_ids, tgt_ids)
+    missing = [p for p in (unk, eos, pad) if p not in m.vocab]
+    if missing:
+        raise CheckpointError(f"{where / 'vocab.json'}: has no {missing[0]} piece")
+    src_pieces, src_ids = vocab_order(m.vocab, m.vocab[pad], m.vocab[unk], m.vocab[pad], m.vocab[eos],
+                                      str(where / "vocab.json"))
+    return PieceMap(src_pieces, tgt_pieces, src_ids, tgt_ids)
+
+
+def imported_config(m: MarianFolder, where: Path) -> dict:
+    """The attnmt config of an imported model: its model section, its languages and target-language tokens,
+    no training corpus."""
+    tc = m.tokenizer_config
+    codes = {match[1]: p for p in (m.target_vocab or m.vocab) if (match := LANGUAGE_TOKEN.match(p))}
+    data: dict[str, Any] = {"src_lang": str(tc.get("source_lang") or "src"),
+                            "tgt_lang": str(tc.get("target_lang") or "tgt")}
+    if codes:
+        data["target_tokens"] = dict(sorted(codes.items()))
+    return {"model": model_section(m.hf, str(where / "config.json")), "data": data,
+            "tokenizer": {"joint": m.target_vocab is None}}
+
+
+def import_marian(folder: Path) -> dict[str, Any]:
+    """The checkpoint payload of the Marian model in ``folder`` (nothing written)."""
+    from ..config.schema import config_from_dict
+
+    folder = Path(folder)
+    m = read_folder(folder)
+    pieces = piece_map(m, folder)
+    try:
+        cfg = config_from_dict(imported_config(m, folder), source=f"{folder} (as an attnmt config)")
+    except ConfigError as e:
+        raise CheckpointError(f"{folder}: not a model attnmt can represent: {e}") from None
+    try:
+        tokenizer = Tokenizer(m.source_spm, m.target_spm, joint=cfg.tokenizer.joint, pieces=pieces.to_bytes())
+    except RuntimeError as e:
+        raise CheckpointError(f"{folder}: source.spm or target.spm is not a sentencepiece model "
+                              f"({str(e).splitlines()[0]})") from None
+    state = to_attnmt(m.state, cfg.model, pieces, str(folder))
+    model = build_model(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as e:
+        raise CheckpointError(f"{folder}: weights do not fit its config.json: "
+                              f"{str(e).splitlines()[0][:200]}") from None
+    for name, tensor in state.items():
+        if not bool(torch.isfinite(tensor).all()):
+            raise CheckpointError(f"{folder}: weight {name} holds non-finite values")
+    settings = cfg.tokenizer.model_dump(mode="json", exclude={"sampling"})
+    return {
+        "format": FORMAT, "attnmt_version": __version__, "torch_version": str(torch.__version__),
+        "model": model.state_dict(), "optimizer": None, "schedule": None, "scaler": None,
+        "progress": {"step": 0, "epoch": 0},
+        "fingerprint": fingerprint(cfg, 1, tokenizer, []),
+        "config": cfg.to_dict(),
+        "tokenizer": {name: bytes_tensor(data) for name, data in tokenizer.files().items()},
+        "tokenizer_meta": tokenizer.meta(settings),
+        "imported_from": {"folder": str(folder.resolve()), "name": str(m.hf.get("_name_or_path") or "")},
+    }
+
+
+# ------------------------------------------------------------------------------------------ export
+
+def _unrepresentable(m) -> str | None:
+    """Why a model config is not a Marian model, or None."""
+    if m.arch != "transformer":
+        return f"model.arch is {m.arch}; a Marian model is a Transformer"
+    wanted = {"norm": "post", "positions": "sinusoidal_concat", "heads": "full"}
+    for key, value in wanted.items():
+        if getattr(m, key) != value:
+            return f"model.{key} is {getattr(m, key)}; a Marian model has {value}"
+    for key in ("enc_kernel", "dec_kernel"):
+        if getattr(m, key) not in ("sdpa", "math"):
+            return f"model.{key} is {getattr(m, key)}; a Marian model has exact softmax attention (sdpa)"
+    return None
+
+
+def marian_files(model, cfg, tokenizer: Tokenizer) -> dict[str, bytes]:
+    """The files of a Marian folder for an attnmt Transformer, its tokenizer and config."""
+    from safetensors.torch import save as save_safetensors
+
+    from ..config.specials import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+    from .marian import identity_pieces, to_marian
+
+    pieces = tokenizer.map or identity_pieces(tokenizer.src_pieces(list(range(tokenizer.src_vocab_size))),
+                                              tokenizer.tgt_pieces(list(range(tokenizer.tgt_vocab_size))))
+    t = pieces.target_ids
+    start, eos = t[BOS_ID], t[EOS_ID]
+    pad = start if t[PAD_ID] < 0 else t[PAD_ID]
+    separate = not cfg.tokenizer.joint
+    vocab = {p: i for p, i in zip(pieces.source, pieces.source_ids) if i >= 0}
+    target = {p: i for p, i in zip(pieces.target, pieces.target_ids) if i >= 0}
+    m, ids = cfg.model, {"pad_token_id": pad, "eos_token_id": eos, "decoder_start_token_id": start}
+    config = {
+        "model_type": "marian", "architectures": ["MarianMTModel"], "vocab_size": len(vocab),
+        "decoder_vocab_size": len(target), "d_model": m.d_model, "encoder_layers": m.enc_layers,
+        "decoder_layers": m.dec_layers, "encoder_attention_heads": m.n_heads,
+        "decoder_attention_heads": m.n_heads,
+        "encoder_ffn_dim": m.d_ff, "decoder_ffn_dim": m.d_ff,
+        "activation_function": "swish" if m.activation == "silu" else m.activation,
+        "scale_embedding": m.scale_embeddings, "max_position_embeddings": m.max_positions,
+        "dropout": m.dropout, "attention_dropout": m.attn_dropout, "activation_dropout": 0.0,
+        "share_encoder_decoder_embeddings": m.share_embeddings, "tie_word_embeddings": m.tie_output,
+        "is_encoder_decoder": True, "forced_eos_token_id": eos, **ids}
+    banned = [[pad]] + ([[start]] if start != pad else [])
+    generation = {**ids, "forced_eos_token_id": eos, "bad_words_ids": banned, "max_length": 512,
+                  "num_beams": cfg.decode.beam_size}
+    data = cfg.data
+    tc = {"tokenizer_class": "MarianTokenizer", "source_lang": data.src_lang, "target_lang": data.tgt_lang,
+          "unk_token": pieces.target[UNK_ID], "eos_token": pieces.target[EOS_ID],
+          "pad_token": pieces.target[PAD_ID if t[PAD_ID] >= 0 else BOS_ID], "separate_vocabs": separate,
+          "model_max_length": 512}
+
+    def text(value) -> bytes:
+        return (json.dumps(value, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+
+    weights = to_marian(model.state_dict(), m, pieces)
+    return {"config.json": text(config), "generation_config.json": text(generation),
+            "tokenizer_config.json": text(tc), "vocab.json": text(vocab),
+            **({"target_vocab.json": text(target)} if separate else {}),
+            "source.spm": tokenizer.src_model, "target.spm": tokenizer.tgt_model,
+            "model.safetensors": save_safetensors(weights, metadata={"format": "pt"})}
+
+
+def export_marian(model_path: Path, out: Path) -> Path:
+    """Write MODEL as a Marian folder ``out`` (new or empty, written whole); returns the checkpoint read.
+    A model no Marian folder represents is a ConfigError naming the key."""
+    from ..runfiles import publish_folder
+    from .checkpoint import load_model
+
+    out = Path(out)
+    if out.exists() and not (out.is_dir() and not any(out.iterdir())):
+        publish_folder(out, lambda tmp: None)  # its refusal, before the model is read
+    model, tokenizer, cfg, checkpoint = load_model(model_path, "cpu")
+    why = _unrepresentable(cfg.model)
+    if why is not None:
+        raise ConfigError(f"{checkpoint}: cannot export to huggingface: {why}")
+    files = marian_files(model, cfg, tokenizer)
+
+    def fill(tmp: Path) -> None:
+        for name, data in files.items():
+            (tmp / name).write_bytes(data)
+
+    publish_folder(out, fill)
+    return checkpoint
