@@ -160,6 +160,10 @@ class TrainConfig(Section):
     """Fine-tuning: start a new run from this checkpoint's (or run folder's) weights, with its tokenizer;
     the model config must be the same; optimizer and schedule start fresh. Ignored once the run has a
     checkpoint of its own (a resume continues from that)."""
+    freeze_embeddings: Bool = False
+    """Train everything but the source and target embeddings (and the output layer when it shares their
+    weights): fine-tuning a pretrained model on a few thousand pairs, whose embeddings would otherwise move
+    only for the pieces those pairs hold."""
 
 
     @model_validator(mode="after")

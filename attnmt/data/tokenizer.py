@@ -193,7 +193,9 @@ class Tokenizer:
         kept = [[i for i in seq if i > EOS_ID] for seq in ids]
         if self.map is None:
             return self._tgt.decode(kept)
-        return [self._tgt.decode_pieces(self.map.pieces("tgt", seq)) for seq in kept]
+        # As MarianTokenizer: a piece the target model lacks stays as it is, its word-start mark a space.
+        return [self._tgt.decode_pieces(self.map.pieces("tgt", seq)).replace("\u2581", " ").strip()
+                for seq in kept]
 
     def single_piece(self, token: str) -> bool:
         """Whether the source model reads ``token`` as one piece of its own (a control token; at the start

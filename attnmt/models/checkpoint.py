@@ -238,7 +238,8 @@ RESUMABLE = {"max_steps", "max_epochs", "max_minutes", "valid_beam_size", "log_e
 
 # Keys added since checkpoints first recorded their dynamics, with the value every earlier run had:
 # a fingerprint leaves such a key out while it has that value, so those runs still resume.
-ADDED_DYNAMICS = {"alignment": None, "plateau_patience": 2, "plateau_factor": 0.5, "tokenizer.sampling": None}
+ADDED_DYNAMICS = {"alignment": None, "plateau_patience": 2, "plateau_factor": 0.5, "tokenizer.sampling": None,
+                  "freeze_embeddings": False}
 # The same for model.* keys: a checkpoint's model fingerprint leaves them out while they have these values.
 ADDED_MODEL = {"scale_embeddings": True, "output_bias": False}
 

@@ -19,9 +19,16 @@ from ..config.schema import TrainConfig
 
 def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     """AdamW over two parameter groups: weight decay for tensors of two or more dimensions, none for the
-    rest. Build it after the model is on its device (the fused kernel takes CPU and CUDA tensors)."""
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    rest. Build it after the model is on its device (the fused kernel takes CPU and CUDA tensors).
+    ``train.freeze_embeddings``: the source and target embeddings (a tied output layer with them) take no
+    gradient and are left out."""
+    if cfg.freeze_embeddings:
+        for name, module in model.named_modules():
+            if name.rpartition(".")[2] in ("src_embed", "tgt_embed"):
+                module.weight.requires_grad_(False)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in trained if p.dim() >= 2]
+    no_decay = [p for p in trained if p.dim() < 2]
     return torch.optim.AdamW(
         [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
         lr=cfg.lr,

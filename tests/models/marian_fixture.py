@@ -25,8 +25,10 @@ def _spm(lines: list[str], size: int) -> bytes:
 
 
 def make_marian(folder: Path, *, multilingual: bool = False, separate: bool = False, seed: int = 0,
-                d_model: int = 32, layers: int = 2, heads: int = 4, ffn: int = 64, init_std: float = 0.2) -> Path:
-    """Write a tiny Marian folder into ``folder``; returns it."""
+                d_model: int = 32, layers: int = 2, heads: int = 4, ffn: int = 64, init_std: float = 0.2,
+                eos_bias: float = 0.0) -> Path:
+    """Write a tiny Marian folder into ``folder``; returns it. ``eos_bias``: added to eos's logit bias, so
+    that the random model ends its sentences (a search that ends by itself, not at a length limit)."""
     from transformers import MarianConfig, MarianMTModel, MarianTokenizer
 
     pairs = toy_pairs("train", 400, seed=1)
@@ -63,9 +65,11 @@ def make_marian(folder: Path, *, multilingual: bool = False, separate: bool = Fa
     model = MarianMTModel(config).eval()
     with torch.no_grad():
         model.final_logits_bias.normal_(0, 0.5)
+        model.final_logits_bias[0, 0] += eos_bias
     model.save_pretrained(folder)
-    tokenizer = MarianTokenizer(str(folder / "source.spm"), str(folder / "target.spm"), str(folder / "vocab.json"),
-                                source_lang="en", target_lang="de", separate_vocabs=separate,
-                                **({"target_vocab_file": str(folder / "target_vocab.json")} if separate else {}))
+    files = [str(folder / name) for name in ("source.spm", "target.spm", "vocab.json")]
+    target_file = {"target_vocab_file": str(folder / "target_vocab.json")} if separate else {}
+    tokenizer = MarianTokenizer(*files, source_lang="en", target_lang="de", separate_vocabs=separate,
+                                **target_file)
     tokenizer.save_pretrained(folder)
     return folder
