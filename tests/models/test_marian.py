@@ -151,3 +151,13 @@ def test_export_gives_back_the_same_folder_and_import_the_same_checkpoint(pair, 
     assert cfg.model == pair.cfg.model and tokenizer.fingerprint() == pair.tokenizer.fingerprint()
     for (name, a), b in zip(model.state_dict().items(), pair.model.state_dict().values()):
         assert torch.equal(a, b), name
+
+
+def test_the_ctranslate2_export_of_an_import_translates_as_attnmt(pair, tmp_path):
+    """The decoder start, the logit bias and SiLU carry over to CTranslate2: the same beam outputs."""
+    pytest.importorskip("ctranslate2")
+    (tmp_path / "src.txt").write_text("\n".join(SOURCES[:3]) + "\n", encoding="utf-8")
+    assert invoke("export", pair.checkpoint, tmp_path / "ct2").exit_code == 0
+    args = ["-i", tmp_path / "src.txt", "--beam-size", "4", "--tgt-lang", "nld"]
+    outputs = [invoke("translate", model, *args).output for model in (pair.checkpoint, tmp_path / "ct2")]
+    assert outputs[0] == outputs[1] and len(outputs[0].splitlines()) == 3
