@@ -149,6 +149,11 @@ def smoke_runs(w: World, tmp: Path) -> dict[str, list[Run]]:
         "bench_multilingual.py": [Run(
             ["--data", w.multi30k, "--pairs", "en-de", "de-en", "--minutes", 1, "--smoke", "--run-root",
              tmp / "runs", *rows], "| pair | single-pair BLEU |")],
+        # --smoke: a 1+1-layer Marian model of width 32 on the toy task, 10 sentences, 1 timed step each
+        "bench_opus_mt.py": [Run(
+            ["--smoke", "--sentences", 10, "--batch-size", 4, "--length", 5, "--rounds", 1, "--train-pairs",
+             50, "--batch-tokens", 200, "--steps", 1, "--precisions", "fp32", "--threads", 1, "--out",
+             tmp / "opus.json"], "| step | attnmt | HF transformers |")],
         "bench_prefix.py": [Run(
             [w.run, *test_pair, "--words", 1, "--beam-sizes", 1, 2, *rows], "| beam | search | BLEU |")],
         # the clock stops each training within a step or two; --smoke: attnmt's commands in its process
