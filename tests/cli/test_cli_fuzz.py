@@ -48,6 +48,7 @@ import typer.main
 from helpers import assert_one_error_line, hash_tree, hostile_place
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from marian_fixture import make_marian
 from typer.testing import CliRunner
 
 from attnmt.cli import app
@@ -75,6 +76,7 @@ BASELINES: dict[str, tuple[list[str], dict[str, list[str]]]] = {
     "average": (["<ckpt>", "<member>"], {"--out": ["<new>.pt"]}),
     "info": (["<run>"], {}),
     "export": (["<ckpt>", "<new>"], {}),
+    "import": (["<marian>", "<new>.pt"], {}),
     "heads": (["<run>"], {"--src": ["<src>"], "--tgt": ["<tgt>"], "--limit": ["2"], "--random-draws": ["1"]}),
     # --check: the model loaded, the port bound, and no server left running
     "serve": (["<run>"], {"--check": [], "--port": ["0"]}),
@@ -84,7 +86,7 @@ BASELINES: dict[str, tuple[list[str], dict[str, list[str]]]] = {
                              "--set": ["train.max_steps=1", "decode.max_len_b=2",
                                        "data.test={format: toy, split: test, size: 2}"]}),
 }
-READ = ["<run>", "<ckpt>", "<member>", "<src>", "<tgt>", "<config>", "<corpus>"]
+READ = ["<run>", "<ckpt>", "<member>", "<src>", "<tgt>", "<config>", "<corpus>", "<marian>"]
 
 
 @dataclass
@@ -126,7 +128,8 @@ def world(tiny, tmp_path_factory) -> World:
     src.write_text("monday , 3 june 2001\nsaturday the 4th of april 2004\n", encoding="utf-8")
     tgt.write_text("montag , 3. juni 2001\nsamstag , 4. april 2004\n", encoding="utf-8")
     paths = {"<run>": run, "<ckpt>": checkpoints[-1], "<member>": checkpoints[-2], "<src>": src, "<tgt>": tgt,
-             "<config>": project / "config.yaml", "<corpus>": project / "data"}
+             "<config>": project / "config.yaml", "<corpus>": project / "data",
+             "<marian>": make_marian(project / "opus-mt-tiny")}
     return World(root, project, paths, itertools.count())
 
 
