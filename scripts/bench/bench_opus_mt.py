@@ -11,24 +11,23 @@ with a model of opus-mt-en-de's size and random weights (speed does not depend o
    and train.de.gz) and a vocab.json padded with fillers (no segmentation makes them) up to 58,101 pieces.
 2. ``python -m attnmt import FOLDER OUT.pt`` in a child process (wall, start-up included), then
    ``marian_io.import_marian`` and ``checkpoint.save_payload`` in this process.
-3. ``--sentences`` test_2016_flickr.en.gz lines translated by both engines in this process (glibc's malloc
-   tuned as ``attnmt translate`` tunes it, torch on ``--threads``), in ``--rounds`` whose order alternates
-   (ratio: the rounds' median), on the same file-order batches of ``--batch-size`` lines, text to text, at
-   each of ``--beams``. attnmt: ``attnmt translate``'s Translator (``cli.common.open_translator``), one
-   ``translate`` call a batch, its decode settings forcing ``--length`` N pieces (``min_len`` N,
-   ``max_len_a`` 0, ``max_len_b`` N, length penalty 1), then the EOS its search scores. HF: tokenizer,
-   ``generate`` (``min_new_tokens`` N, ``max_new_tokens`` N + 1: the last is the EOS that
-   ``forced_eos_token_id`` forces) and ``batch_decode``: the same N + 1 decoder steps. Checked: every HF
-   output is N pieces and the EOS; attnmt's outputs of the warm-up batch are N pieces.
+3. ``--sentences`` test_2016_flickr.en.gz lines translated by both engines in this process (malloc tuned as
+   ``attnmt translate`` tunes it, torch on ``--threads``) in ``--rounds`` of alternating order (ratio: the
+   rounds' median), on the same file-order batches of ``--batch-size`` lines, text to text, at ``--beams``.
+   attnmt: ``attnmt translate``'s Translator (``cli.common.open_translator``), a ``translate`` call a batch,
+   decode settings forcing ``--length`` N pieces (``min_len`` N, ``max_len_a`` 0, ``max_len_b`` N, length
+   penalty 1), then the EOS its search scores. HF: tokenizer, ``generate`` (``min_new_tokens`` N,
+   ``max_new_tokens`` N + 1: the EOS that ``forced_eos_token_id`` forces) and ``batch_decode``: the same N + 1
+   decoder steps. Checked: every HF output is N pieces and EOS; attnmt's on the warm-up batch are N pieces.
 4. Fine-tuning in each of ``--precisions``: ``attnmt train CONFIG`` with ``train.init_from: OUT.pt`` (the
-   imported model section repeated), ``--train-pairs`` pairs, ``train.max_tokens`` ``--batch-tokens``,
-   1 + ``--steps`` steps, each logged: seconds per step from metrics.jsonl's ``elapsed_s``, the first left
-   out. HF: attnmt's own batches (``TokenBatchSampler``, the same seed) of the pairs as HF segments them,
-   forward, label-smoothed (0.1) cross-entropy, backward, clipping to 1, AdamW (betas 0.9, 0.98); bf16:
-   autocast, as attnmt does. Tokens: source + target, EOS included.
+   imported model section repeated), ``--train-pairs`` pairs, ``train.max_tokens`` ``--batch-tokens``, 1 +
+   ``--steps`` steps, each logged: seconds per step from metrics.jsonl's ``elapsed_s``, the first left out.
+   HF: attnmt's batches (``TokenBatchSampler``, the same seed) of the pairs as HF segments them, forward,
+   label-smoothed (0.1) cross-entropy, backward, clipping to 1, AdamW (betas 0.9, 0.98), bf16 by autocast.
 
-The report: a Markdown table and ``--out``'s JSON; ``--work`` keeps the folder, checkpoint and runs (default:
-a temporary folder). ``--smoke`` (CI): a 1+1-layer model of width 32 on the toy task, attnmt in this process.
+Also measured: the share of the CPUs other processes took (``/proc/stat``), per pass. The report: a Markdown
+table and ``--out``'s JSON; ``--work`` keeps the folder, checkpoint and runs (default: a temporary folder).
+``--smoke`` (CI): a 1+1-layer model of width 32 on the toy task, attnmt's commands in this process.
 """
 
 from __future__ import annotations
@@ -36,7 +35,9 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import os
 import platform
+import resource
 import shutil
 import statistics
 import sys
@@ -62,9 +63,18 @@ SHAPE = {"d_model": 512, "layers": 6, "heads": 8, "ffn": 2048, "vocab": 58101, "
 SMOKE_SHAPE = {"d_model": 32, "layers": 1, "heads": 2, "ffn": 64, "vocab": 400, "positions": 128}
 
 
-def read_lines(path: Path) -> list[str]:
-    with gzip.open(path, "rt", encoding="utf-8") as handle:
-        return handle.read().splitlines()
+def cpu_mark() -> tuple[float, float, float]:
+    """Now: wall seconds, busy CPU seconds (/proc/stat), this process's and its ended children's CPU."""
+    ticks = [int(x) for x in Path("/proc/stat").read_text(encoding="utf-8").split("\n", 1)[0].split()[1:9]]
+    usage = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    own = sum(u.ru_utime + u.ru_stime for u in usage)
+    return time.perf_counter(), (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK"), own
+
+
+def others(mark: tuple[float, float, float]) -> float:
+    """The share of the CPUs that other processes (others' tests) took since ``mark``: they slow timings."""
+    wall, busy, own = (b - a for a, b in zip(mark, cpu_mark()))
+    return round(max(0.0, busy - own) / (wall * (os.cpu_count() or 1)), 3)
 
 
 def corpus(args) -> tuple[list[str], list[str], list[str]]:
@@ -76,13 +86,10 @@ def corpus(args) -> tuple[list[str], list[str], list[str]]:
         train, test = toy_pairs("train", 300, seed=1), toy_pairs("test", args.sentences, seed=2)
         return [p[0] for p in train], [p[1] for p in train], [p[0] for p in test]
     data = args.data or DATA
-    src, tgt, test = (read_lines(data / name) for name in FILES)
+    src, tgt, test = (gzip.decompress((data / n).read_bytes()).decode("utf-8").splitlines() for n in FILES)
     if len(src) != len(tgt):
         raise DataError(f"{data}: {FILES[0]} has {len(src)} lines, {FILES[1]} {len(tgt)}")
     return src, tgt, test[:args.sentences]
-
-
-# ------------------------------------------------------------------------------------------ 1. the folder
 
 
 def build_folder(folder: Path, shape: dict, src: list[str], tgt: list[str], pieces: int,
@@ -120,12 +127,11 @@ def build_folder(folder: Path, shape: dict, src: list[str], tgt: list[str], piec
         vocab_size=size, decoder_vocab_size=size, d_model=shape["d_model"], encoder_layers=layers,
         decoder_layers=layers, encoder_attention_heads=heads, decoder_attention_heads=heads,
         encoder_ffn_dim=ffn, decoder_ffn_dim=ffn, activation_function="swish", scale_embedding=True,
-        max_position_embeddings=shape["positions"],
-        pad_token_id=pad, eos_token_id=0, bos_token_id=0, decoder_start_token_id=pad, forced_eos_token_id=0,
+        max_position_embeddings=shape["positions"], pad_token_id=pad, eos_token_id=0, bos_token_id=0,
+        decoder_start_token_id=pad, forced_eos_token_id=0,
         share_encoder_decoder_embeddings=True, dropout=0.1, attention_dropout=0.0, activation_dropout=0.0)
     model = MarianMTModel(config).eval()
-    with torch.no_grad():
-        model.final_logits_bias.normal_(0, 0.1)
+    torch.nn.init.normal_(model.final_logits_bias, 0, 0.1)
     model.generation_config.update(num_beams=4, max_length=512, bad_words_ids=[[pad]],
                                    renormalize_logits=True)
     model.save_pretrained(folder)
@@ -133,10 +139,8 @@ def build_folder(folder: Path, shape: dict, src: list[str], tgt: list[str], piec
                     source_lang="en", target_lang="de").save_pretrained(folder)
     files = {p.name: p.stat().st_size for p in sorted(folder.iterdir()) if p.is_file()}
     return {"path": str(folder), "bytes": sum(files.values()), "files": files, "shape": shape,
-            "real_pieces": len(real), "filler_pieces": len(fillers),
-            "parameters": sum(p.numel() for p in model.parameters()),
-            "spm_s": round(spm_s, 2), "build_s": round(time.perf_counter() - start, 2)}
-
+            "real_pieces": len(real), "filler_pieces": len(fillers), "spm_s": round(spm_s, 2),
+            "parameters": model.num_parameters(), "build_s": round(time.perf_counter() - start, 2)}
 
 
 def import_step(folder: Path, ckpt: Path) -> dict:
@@ -155,9 +159,6 @@ def import_step(folder: Path, ckpt: Path) -> dict:
     wall, read_s, save_s = (round(b - a, 2) for a, b in zip(times, times[1:]))
     return {"command": f"python -m attnmt import {folder} {ckpt}", "wall_s": wall, "import_marian_s": read_s,
             "save_payload_s": save_s, "checkpoint_bytes": ckpt.stat().st_size}
-
-
-# ------------------------------------------------------------------------------------------ 3. translation
 
 
 def load_engines(folder: Path, ckpt: Path, lines: list[str], batch_size: int, length: int):
@@ -223,24 +224,24 @@ def translate_step(e, beams: list[int], rounds: int) -> list[dict]:
         ours_pass(mine, e.batches[:1], e.length)  # the warm-ups, checked
         hf_pass(e, beam, e.batches[:1])
         found: dict[str, list[float]] = {"attnmt": [], "hf": []}
+        busy: list[float] = []  # other processes' share of the CPUs in each pass
         for r in range(rounds):
             for engine in ["attnmt", "hf"] if r % 2 == 0 else ["hf", "attnmt"]:
-                start = time.perf_counter()
+                mark = cpu_mark()
                 ours_pass(mine, e.batches) if engine == "attnmt" else hf_pass(e, beam, e.batches)
-                found[engine].append(n / (time.perf_counter() - start))
+                found[engine].append(n / (time.perf_counter() - mark[0]))
+                busy.append(others(mark))
             print(f"beam {beam} round {r + 1}/{rounds}: attnmt {found['attnmt'][-1]:.1f}, "
                   f"HF {found['hf'][-1]:.1f} sentences/s", flush=True)
         rows.append({"beam": beam, "sentences": n, "batch_size": len(e.batches[0]), "new_pieces": e.length,
                      **{f"{k}_sents_per_s": round(statistics.median(v), 2) for k, v in found.items()},
                      "ratio": round(statistics.median(a / h for a, h in zip(*found.values())), 3),
-                     "rounds": {k: [round(x, 2) for x in v] for k, v in found.items()}})
+                     "rounds": {k: [round(x, 2) for x in v] for k, v in found.items()}, "others_cpu": busy})
     return rows
 
 
-# ------------------------------------------------------------------------------------------ 4. fine-tuning
-
-
-def attnmt_finetune(work: Path, ckpt: Path, pairs: list[tuple[str, str]], args, precision: str) -> dict:
+def attnmt_finetune(work: Path, ckpt: Path, folder: Path, pairs: list[tuple[str, str]], args,
+                    precision: str) -> dict:
     """``attnmt train`` from the imported checkpoint: 1 + --steps steps, each logged."""
     from attnmt.models.checkpoint import model_spec
 
@@ -299,7 +300,8 @@ def hf_batches(tok, pairs: list[tuple[str, str]], budget: int, count: int) -> li
     return out
 
 
-def hf_finetune(folder: Path, pairs: list[tuple[str, str]], args, precision: str) -> dict:
+def hf_finetune(work: Path, ckpt: Path, folder: Path, pairs: list[tuple[str, str]], args,
+                precision: str) -> dict:
     """The same steps in transformers: forward, label-smoothed loss, backward, clipping, AdamW."""
     import contextlib
 
@@ -325,35 +327,34 @@ def hf_finetune(folder: Path, pairs: list[tuple[str, str]], args, precision: str
         if step:  # the first is the warm-up
             seconds.append(time.perf_counter() - start)
             tokens.append(batch["tokens"])
-    what = "forward, F.cross_entropy(label_smoothing=0.1), backward, clip_grad_norm_(1.0), AdamW"
-    return {"what": what + (" under torch.autocast(bf16)" if precision == "bf16" else ""),
-            **step_stats(seconds, tokens)}
-
+    return {"what": "forward, F.cross_entropy(label_smoothing=0.1), backward, clip_grad_norm_(1.0), AdamW"
+            + (" under torch.autocast(bf16)" if precision == "bf16" else ""), **step_stats(seconds, tokens)}
 
 
 def table(r: dict) -> str:
-    """The report: seconds, sentences/s or tokens/s each; the ratio attnmt's speed over HF's."""
+    """The report: seconds, sentences/s or tokens/s; attnmt's speed over HF's; the share of the CPUs that
+    other processes took meanwhile (the most of a row's passes)."""
     f, imp, load = r["folder"], r["import"], r["load"]
-    rows = [("step", "attnmt", "HF transformers", "attnmt / HF (speed)"), ("---",) * 4,
-            (f"folder: build (2 spm models, init, save_pretrained): {f['bytes'] / 1e6:.1f} MB on disk, "
-             f"{f['parameters']:,} parameters", "-", f"{f['build_s']:.1f} s", "-"),
-            ("`python -m attnmt import FOLDER OUT.pt` (child process, wall)", f"{imp['wall_s']:.2f} s", "-",
-             "-"),
+    rows = [("step", "attnmt", "HF transformers", "attnmt / HF (speed)", "others' CPU"), ("---",) * 5,
+            (f"folder: 2 spm models, init, save_pretrained ({f['bytes'] / 1e6:.1f} MB on disk, "
+             f"{f['parameters']:,} parameters)", "-", f"{f['build_s']:.1f} s", "-", "-"),
+            ("`attnmt import FOLDER OUT.pt` (a child process, wall)", f"{imp['wall_s']:.2f} s", *"---"),
             (f"import_marian + save_payload in process (checkpoint {imp['checkpoint_bytes'] / 1e6:.1f} MB)",
-             f"{imp['import_marian_s']:.2f} + {imp['save_payload_s']:.2f} s", "-", "-"),
+             f"{imp['import_marian_s']:.2f} + {imp['save_payload_s']:.2f} s", *"---"),
             ("load for translation (open_translator; from_pretrained + tokenizer)",
              f"{load['attnmt_open_translator_s']:.2f} s", f"{load['hf_from_pretrained_s']:.2f} s",
-             f"{load['hf_from_pretrained_s'] / load['attnmt_open_translator_s']:.2f}")]
+             f"{load['hf_from_pretrained_s'] / load['attnmt_open_translator_s']:.2f}", "-")]
     for t in r["translate"]:
         rows.append((f"translate {t['sentences']} sentences, beam {t['beam']}, batches of {t['batch_size']}, "
                      f"{t['new_pieces']} pieces + EOS each: sentences/s", f"{t['attnmt_sents_per_s']:.1f}",
-                     f"{t['hf_sents_per_s']:.1f}", f"{t['ratio']:.2f}"))
+                     f"{t['hf_sents_per_s']:.1f}", f"{t['ratio']:.2f}", f"{max(t['others_cpu']):.0%}"))
     for t in r["train"]:
         a, h = t["attnmt"], t["hf"]
         rows.append((f"fine-tune, {t['precision']}, train.max_tokens {t['batch_tokens']}: s/step "
                      "(tokens/step, tokens/s)", *(f"{x['s_per_step']:.2f} s ({x['tokens_per_step']}, "
                                                   f"{x['tokens_per_s']:.0f})" for x in (a, h)),
-                     f"{a['tokens_per_s'] / h['tokens_per_s']:.2f}"))
+                     f"{a['tokens_per_s'] / h['tokens_per_s']:.2f}",
+                     f"{max(a['others_cpu'], h['others_cpu']):.0%}"))
     return "\n".join("| " + " | ".join(row) + " |" for row in rows)
 
 
@@ -373,22 +374,19 @@ def build_parser() -> ScriptParser:
     ap = ScriptParser(description=__doc__)
     ap.add_argument("--data", type=InputFolder(), help=f"holds {', '.join(FILES)} (default: {DATA})")
     ap.add_argument("--out", type=OutputFile(), help=f"the JSON report (default: {OUT})")
-    ap.add_argument("--work", type=OutputFolder(),
-                    help="keep the folder, the checkpoint and the runs here (default: a temporary folder)")
+    ap.add_argument("--work", type=OutputFolder(), help="keep the folder, checkpoint, runs here")
     ap.add_argument("--sentences", type=Number(int, low=1), default=1000, help="test sentences translated")
     ap.add_argument("--batch-size", type=Number(int, low=1), default=64, help="sentences per batch")
     ap.add_argument("--length", type=Number(int, low=1, high=400), default=30, help="pieces an output has")
     ap.add_argument("--beams", type=Number(int, low=1, high=16), nargs="+", default=[1, 4])
-    ap.add_argument("--rounds", type=Number(int, low=1), default=2, help="timed passes of each engine")
+    ap.add_argument("--rounds", type=Number(int, low=1), default=1, help="timed passes of each engine")
     ap.add_argument("--spm-pieces", type=Number(int, low=50, high=50000), default=8000, help="per spm model")
     ap.add_argument("--train-pairs", type=Number(int, low=1), default=400, help="fine-tuning pairs")
     ap.add_argument("--batch-tokens", type=Number(int, low=64), default=2048, help="train.max_tokens")
     ap.add_argument("--steps", type=Number(int, low=1), default=4, help="timed steps (after a warm-up one)")
-    ap.add_argument("--precisions", nargs="+", choices=("fp32", "bf16"),
-                    help="fine-tuning precisions (default: fp32, and bf16 on a CPU with native bf16)")
+    ap.add_argument("--precisions", nargs="+", choices=("fp32", "bf16"), help="default: fp32, bf16 if native")
     ap.add_argument("--threads", type=Number(int, low=1, high=1024), default=2)
-    ap.add_argument("--smoke", action="store_true",
-                    help="CI: a 1+1-layer model of width 32 on the toy task, attnmt in this process")
+    ap.add_argument("--smoke", action="store_true", help="CI: a 1+1-layer model of width 32 on the toy task")
     ap.checks.append(check_data)
     return ap
 
@@ -416,6 +414,7 @@ def main(argv: list[str] | None = None) -> None:
     native = result["machine"]["avx512_bf16"] or result["machine"]["amx_bf16"]
     args.precisions = args.precisions or ["fp32"] + (["bf16"] if native else [])
     src, tgt, test = corpus(args)
+    start = cpu_mark()
     with tempfile.TemporaryDirectory(prefix="bench-opus-mt-") as tmp:
         work = args.work.resolve() if args.work else Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
@@ -423,25 +422,26 @@ def main(argv: list[str] | None = None) -> None:
         shutil.rmtree(folder, ignore_errors=True)
         result["folder"] = build_folder(folder, shape, src, tgt, 100 if args.smoke else args.spm_pieces,
                                         args.threads)
-        print(f"folder: {result['folder']['bytes'] / 1e6:.1f} MB", flush=True)
         result["import"] = import_step(folder, ckpt)
         engines = load_engines(folder, ckpt, test, args.batch_size, args.length)
         result["load"] = engines.load_s
         result["translate"] = translate_step(engines, args.beams, args.rounds)
-        del engines
+        del engines  # their memory back before the training
         pairs = list(zip(src, tgt))[:args.train_pairs]
         result["train"] = []
         for precision in args.precisions:
-            found = {"precision": precision, "batch_tokens": args.batch_tokens, "pairs": len(pairs),
-                     "attnmt": attnmt_finetune(work, ckpt, pairs, args, precision),
-                     "hf": hf_finetune(folder, pairs, args, precision)}
+            found = {"precision": precision, "batch_tokens": args.batch_tokens, "pairs": len(pairs)}
+            for engine, step in (("attnmt", attnmt_finetune), ("hf", hf_finetune)):
+                mark = cpu_mark()
+                found[engine] = step(work, ckpt, folder, pairs, args, precision)
+                found[engine]["others_cpu"] = others(mark)
             result["train"].append(found)
             print(f"fine-tune {precision}: attnmt {found['attnmt']['s_per_step']} s/step, "
                   f"HF {found['hf']['s_per_step']} s/step", flush=True)
-    report = table(result)
+    result["others_cpu"] = others(start)
+    report = table(result) + f"\n\nOther processes took {result['others_cpu']:.0%} of the CPUs in the run."
     print("\n" + report)
-    out = args.out or OUT
-    out.parent.mkdir(parents=True, exist_ok=True)
+    (out := args.out or OUT).parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({**result, "table": report}, indent=1) + "\n", encoding="utf-8")
     print(f"\nwrote {out}")
 
