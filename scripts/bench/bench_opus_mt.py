@@ -1,7 +1,6 @@
 """OPUS-MT into attnmt on the CPU: what each step of "Marian folder -> attnmt checkpoint -> fine-tuned" costs,
-with a model of opus-mt-en-de's size and random weights (speed does not depend on the weights).
-
-    python scripts/bench/bench_opus_mt.py --out FILE   # about 20 minutes on 2 cores
+with a model of opus-mt-en-de's size and random weights (speed does not depend on the weights); about 15
+minutes on 2 cores (``python scripts/bench/bench_opus_mt.py --out FILE``).
 
 1. The folder: a ``MarianMTModel`` of opus-mt-en-de's shape (d_model 512, 6+6 layers, 8 heads, ffn 2048,
    swish, scaled embeddings, 512 positions, ``final_logits_bias``, one vocabulary of 58,101 pieces: eos 0,
@@ -22,12 +21,13 @@ with a model of opus-mt-en-de's size and random weights (speed does not depend o
 4. Fine-tuning in each of ``--precisions``: ``attnmt train CONFIG`` with ``train.init_from: OUT.pt`` (the
    imported model section repeated), ``--train-pairs`` pairs, ``train.max_tokens`` ``--batch-tokens``, 1 +
    ``--steps`` steps, each logged: seconds per step from metrics.jsonl's ``elapsed_s``, the first left out.
-   HF: attnmt's batches (``TokenBatchSampler``, the same seed) of the pairs as HF segments them, forward,
-   label-smoothed (0.1) cross-entropy, backward, clipping to 1, AdamW (betas 0.9, 0.98), bf16 by autocast.
+   HF, in a fresh process too (``hf_finetune``): attnmt's batches (``TokenBatchSampler``, the same seed) of
+   the pairs as HF segments them, forward, label-smoothed (0.1) cross-entropy, backward, clipping to 1,
+   AdamW (betas 0.9, 0.98), bf16 by autocast. Both before the translation, this process holding no model.
 
-Also measured: the share of the CPUs other processes took (``/proc/stat``), per pass. The report: a Markdown
-table and ``--out``'s JSON; ``--work`` keeps the folder, checkpoint and runs (default: a temporary folder).
-``--smoke`` (CI): a 1+1-layer model of width 32 on the toy task, attnmt's commands in this process.
+Each timing comes with the share of the CPUs other processes took meanwhile (``/proc/stat``). The report: a
+Markdown table and ``--out``'s JSON; ``--work`` keeps the folder, checkpoint and runs. ``--smoke`` (CI): a
+1+1-layer model of width 32 on the toy task, attnmt's commands in this process.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import multiprocessing
 import os
 import platform
 import resource
@@ -56,7 +57,6 @@ from attnmt.errors import ConfigError, DataError
 DATA = REPO.parent / "shared" / "data" / "multi30k"  # --data's default
 OUT = REPO / "runs" / "bench_opus_mt" / "results.json"  # --out's default
 FILES = ("train.en.gz", "train.de.gz", "test_2016_flickr.en.gz")  # what --data must hold
-
 
 # The Marian model: opus-mt-en-de's sizes (its shared vocabulary: eos 0, unk 1, pad, the decoder start)
 SHAPE = {"d_model": 512, "layers": 6, "heads": 8, "ffn": 2048, "vocab": 58101, "positions": 512}
@@ -178,13 +178,10 @@ def load_engines(folder: Path, ckpt: Path, lines: list[str], batch_size: int, le
     hf_s = time.perf_counter() - start
     transformers.logging.set_verbosity_error()  # not a warning per batch: max_new_tokens over max_length
     same = sum(len(a) + 1 == len(b) for a, b in zip(translator.encode(lines).ids, hf_tok(lines)["input_ids"]))
-    print(f"loaded: attnmt {ours_s:.2f}s, HF {hf_s:.2f}s; source pieces the same length in both: "
-          f"{same}/{len(lines)}", flush=True)
     batches = [lines[i:i + batch_size] for i in range(0, len(lines), batch_size)]
-    load_s = {"attnmt_open_translator_s": round(ours_s, 2), "hf_from_pretrained_s": round(hf_s, 2),
-              "same_source_lengths": f"{same}/{len(lines)}"}
     return SimpleNamespace(translator=translator, hf=hf, hf_tok=hf_tok, batches=batches, length=length,
-                           load_s=load_s)
+                           load_s={"attnmt_open_translator_s": round(ours_s, 2), "hf_from_pretrained_s":
+                                   round(hf_s, 2), "same_source_lengths": f"{same}/{len(lines)}"})
 
 
 def ours_pass(translator, batches: list[list[str]], length: int | None = None) -> None:
@@ -223,8 +220,7 @@ def translate_step(e, beams: list[int], rounds: int) -> list[dict]:
             "max_len_b": e.length, "max_tokens": 10**9}))
         ours_pass(mine, e.batches[:1], e.length)  # the warm-ups, checked
         hf_pass(e, beam, e.batches[:1])
-        found: dict[str, list[float]] = {"attnmt": [], "hf": []}
-        busy: list[float] = []  # other processes' share of the CPUs in each pass
+        found, busy = {"attnmt": [], "hf": []}, []  # sentences/s; other processes' share of the CPUs
         for r in range(rounds):
             for engine in ["attnmt", "hf"] if r % 2 == 0 else ["hf", "attnmt"]:
                 mark = cpu_mark()
@@ -240,13 +236,11 @@ def translate_step(e, beams: list[int], rounds: int) -> list[dict]:
     return rows
 
 
-def attnmt_finetune(work: Path, ckpt: Path, folder: Path, pairs: list[tuple[str, str]], args,
-                    precision: str) -> dict:
+def attnmt_finetune(work: Path, ckpt: Path, pairs: list[tuple[str, str]], args, precision: str) -> dict:
     """``attnmt train`` from the imported checkpoint: 1 + --steps steps, each logged."""
     from attnmt.models.checkpoint import model_spec
 
-    data = work / "finetune_data"
-    data.mkdir(exist_ok=True)
+    (data := work / "finetune_data").mkdir(exist_ok=True)
     for side, name in ((0, "train.en"), (1, "train.de")):
         (data / name).write_text("".join(p[side] + "\n" for p in pairs), encoding="utf-8")
     steps = 1 + args.steps
@@ -268,6 +262,26 @@ def attnmt_finetune(work: Path, ckpt: Path, folder: Path, pairs: list[tuple[str,
     seconds = [b["elapsed_s"] - a["elapsed_s"] for a, b in zip(train, train[1:])]
     return {"command": f"python -m attnmt train {path} --run-dir {run}", "config_train": config["train"],
             **step_stats(seconds, [r["tokens_per_s"] * s for r, s in zip(train[1:], seconds)])}
+
+
+def finetune_step(work: Path, ckpt: Path, folder: Path, pairs: list[tuple[str, str]], args) -> list[dict]:
+    """attnmt's and HF's steps at each precision, each in a fresh process while this one holds no model (a
+    child's steps ran up to 1.5 times slower beside a parent that had trained: this VM's memory?)."""
+    rows = []
+    for precision in args.precisions:
+        found = {"precision": precision, "batch_tokens": args.batch_tokens, "pairs": len(pairs)}
+        for engine in ("attnmt", "hf"):
+            mark = cpu_mark()
+            if engine == "attnmt":
+                found[engine] = attnmt_finetune(work, ckpt, pairs, args, precision)
+            else:
+                with multiprocessing.get_context("spawn").Pool(1) as pool:
+                    found[engine] = pool.apply(hf_finetune, (folder, pairs, args, precision))
+            found[engine]["others_cpu"] = others(mark)
+        rows.append(found)
+        print(f"fine-tune {precision}: attnmt {found['attnmt']['s_per_step']}, HF {found['hf']['s_per_step']}"
+              " s/step", flush=True)
+    return rows
 
 
 def step_stats(seconds: list[float], tokens: list[float]) -> dict:
@@ -300,24 +314,21 @@ def hf_batches(tok, pairs: list[tuple[str, str]], budget: int, count: int) -> li
     return out
 
 
-def hf_finetune(work: Path, ckpt: Path, folder: Path, pairs: list[tuple[str, str]], args,
-                precision: str) -> dict:
+def hf_finetune(folder: Path, pairs: list[tuple[str, str]], args, precision: str) -> dict:
     """The same steps in transformers: forward, label-smoothed loss, backward, clipping, AdamW."""
-    import contextlib
-
     import torch
     import torch.nn.functional as F
     from transformers import MarianMTModel, MarianTokenizer
 
+    torch.set_num_threads(args.threads)
     model = MarianMTModel.from_pretrained(folder).train()
     batches = hf_batches(MarianTokenizer.from_pretrained(folder), pairs, args.batch_tokens, 1 + args.steps)
     optimizer = torch.optim.AdamW(model.parameters(), lr=2e-5, betas=(0.9, 0.98), weight_decay=0.0)
     seconds, tokens = [], []
     for step, batch in enumerate(batches):
         start = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext():
-            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                           decoder_input_ids=batch["decoder_input_ids"]).logits
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            logits = model(**{k: v for k, v in batch.items() if k not in ("labels", "tokens")}).logits
             loss = F.cross_entropy(logits.float().flatten(0, 1), batch["labels"].flatten(), ignore_index=-100,
                                    label_smoothing=0.1)
         loss.backward()
@@ -364,10 +375,10 @@ def machine(threads: int) -> dict:
 
     lines = Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines()
     info = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in lines)}
-    name, flags = info.get("model name", platform.processor()), info.get("flags", "").split()
-    return {"cpu": name, "avx512_bf16": "avx512_bf16" in flags, "amx_bf16": "amx_bf16" in flags,
-            "threads": threads, "torch": torch.__version__, "transformers": transformers.__version__,
-            "python": platform.python_version()}
+    flags = info.get("flags", "").split()
+    return {"cpu": info.get("model name", platform.processor()), "avx512_bf16": "avx512_bf16" in flags,
+            "amx_bf16": "amx_bf16" in flags, "threads": threads, "torch": torch.__version__,
+            "transformers": transformers.__version__}
 
 
 def build_parser() -> ScriptParser:
@@ -407,7 +418,6 @@ def main(argv: list[str] | None = None) -> None:
     from attnmt.cli.runtime import keep_freed_memory
 
     torch.set_num_threads(args.threads)
-    keep_freed_memory()  # as attnmt translate does; the process is both engines'
     in_process(args.smoke)
     shape = SMOKE_SHAPE if args.smoke else SHAPE
     result = {"machine": machine(args.threads), "command": " ".join(["python", *sys.argv])}
@@ -423,21 +433,11 @@ def main(argv: list[str] | None = None) -> None:
         result["folder"] = build_folder(folder, shape, src, tgt, 100 if args.smoke else args.spm_pieces,
                                         args.threads)
         result["import"] = import_step(folder, ckpt)
+        result["train"] = finetune_step(work, ckpt, folder, list(zip(src, tgt))[:args.train_pairs], args)
+        keep_freed_memory()  # as attnmt translate does; the process is both engines'
         engines = load_engines(folder, ckpt, test, args.batch_size, args.length)
         result["load"] = engines.load_s
         result["translate"] = translate_step(engines, args.beams, args.rounds)
-        del engines  # their memory back before the training
-        pairs = list(zip(src, tgt))[:args.train_pairs]
-        result["train"] = []
-        for precision in args.precisions:
-            found = {"precision": precision, "batch_tokens": args.batch_tokens, "pairs": len(pairs)}
-            for engine, step in (("attnmt", attnmt_finetune), ("hf", hf_finetune)):
-                mark = cpu_mark()
-                found[engine] = step(work, ckpt, folder, pairs, args, precision)
-                found[engine]["others_cpu"] = others(mark)
-            result["train"].append(found)
-            print(f"fine-tune {precision}: attnmt {found['attnmt']['s_per_step']} s/step, "
-                  f"HF {found['hf']['s_per_step']} s/step", flush=True)
     result["others_cpu"] = others(start)
     report = table(result) + f"\n\nOther processes took {result['others_cpu']:.0%} of the CPUs in the run."
     print("\n" + report)
