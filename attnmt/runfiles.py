@@ -169,14 +169,20 @@ def temporary_folder(final: Path) -> Path:
         return tmp
 
 
+def check_new_folder(out: Path) -> None:
+    """A ConfigError unless ``out`` is missing or an empty folder: what ``publish_folder`` may write (an
+    exporter asks before it reads a model)."""
+    if out.exists() and not (out.is_dir() and not any(out.iterdir())):
+        what = "a folder that is not empty" if out.is_dir() else "a file"
+        raise ConfigError(f"{out} is {what}; refusing to overwrite it (give a new folder)")
+
+
 def publish_folder(out: Path, fill: Callable[[Path], None]) -> None:
     """Write a new folder ``out`` whole: ``fill(tmp)`` writes its files into a temporary folder beside it,
     which is fsynced and renamed into place; ``out`` must not exist or be an empty folder (a ConfigError
     otherwise, before ``fill`` runs), and a failure leaves nothing behind."""
     out = Path(out)
-    if out.exists() and not (out.is_dir() and not any(out.iterdir())):
-        what = "a folder that is not empty" if out.is_dir() else "a file"
-        raise ConfigError(f"{out} is {what}; refusing to overwrite it (give a new folder)")
+    check_new_folder(out)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = temporary_folder(out)

@@ -155,9 +155,10 @@ class Tokenizer:
         Not sentencepiece's own sampling: it cannot be seeded (with one seed, its draws differ from one
         process to the next, so a resumed or a second run would see other pieces)."""
         model = self._src if side == "src" else self._tgt
-        if self.map is not None:  # the sentencepiece model's own ids, then the map's
-            ids = self._sample_ids(model, side, text, alpha, nbest, seed)
-            return self.map.ids(side, [model.id_to_piece(i) for i in ids])
+        if self.map is not None:  # the sentencepiece model's own ids, then the map's; a >>fra<< kept whole
+            code, rest = split_code(text) if side == "src" else ([], text)
+            ids = self._sample_ids(model, side, rest, alpha, nbest, seed)
+            return self.map.ids(side, code + [model.id_to_piece(i) for i in ids])
         return self._sample_ids(model, side, text, alpha, nbest, seed)
 
     def _sample_ids(self, model, side: str, text: str, alpha: float, nbest: int, seed: int) -> list[int]:

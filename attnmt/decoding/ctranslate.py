@@ -32,7 +32,7 @@ from ..data.batching import token_batches
 from ..data.tokenizer import BOS_ID, EOS_ID, META_FILE, PAD_ID, UNK_ID, Tokenizer, load_tokenizer
 from ..errors import CheckpointError, ConfigError
 from ..models.checkpoint import sha256_file
-from ..runfiles import EXPORT_MANIFEST, publish_folder
+from ..runfiles import EXPORT_MANIFEST, check_new_folder, publish_folder
 from .search import Hypothesis, Sampling, check_search_settings, output_limit
 from .translator import Translator
 
@@ -162,8 +162,7 @@ def export_ctranslate2(model_path: Path, out: Path, quantization: str = "float32
     if quantization not in QUANTIZATIONS:
         raise ConfigError(f"--quantization {quantization}: expected one of {', '.join(QUANTIZATIONS)}")
     out = Path(out)
-    if out.exists() and not (out.is_dir() and not any(out.iterdir())):
-        publish_folder(out, lambda tmp: None)  # its refusal, before the model is read
+    check_new_folder(out)  # before the model is read
     model, tokenizer, cfg, checkpoint = load_model(model_path, "cpu")
     why = _unsupported(cfg.model)
     if why is not None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import torch
 
-from ..config.specials import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from ..data.piece_map import UNUSED, PieceMap
 from ..errors import CheckpointError
 
@@ -131,8 +130,9 @@ def to_attnmt(state: dict[str, torch.Tensor], cfg, pieces: PieceMap, where: str)
         if table.shape != (known, cfg.d_model):
             raise CheckpointError(f"{where}: the {name} vocabulary has {known} pieces but its embedding is "
                                   f"{tuple(table.shape)} (expected ({known}, {cfg.d_model}))")
-    out = {"src_embed.weight": reorder(src, pieces.source_ids),
-           "tgt_embed.weight": reorder(tgt, pieces.target_ids)}
+    out = {"src_embed.weight": reorder(src, pieces.source_ids)}
+    out["tgt_embed.weight"] = (out["src_embed.weight"] if cfg.share_embeddings  # one tensor, saved once
+                               else reorder(tgt, pieces.target_ids))
     bias = get("final_logits_bias").reshape(-1)
     if bias.numel() != tgt.size(0):
         raise CheckpointError(f"{where}: final_logits_bias has {bias.numel()} entries for {tgt.size(0)} "
@@ -165,5 +165,3 @@ def identity_pieces(src: list[str], tgt: list[str]) -> PieceMap:
     """The piece map of an attnmt tokenizer (ids as its sentencepiece models give them)."""
     return PieceMap(src, tgt, list(range(len(src))), list(range(len(tgt))))
 
-
-SPECIALS = {"pad": PAD_ID, "unk": UNK_ID, "bos": BOS_ID, "eos": EOS_ID}

@@ -150,7 +150,8 @@ def imported_config(m: MarianFolder, where: Path) -> dict:
     if codes:
         data["target_tokens"] = dict(sorted(codes.items()))
     return {"model": model_section(m.hf, str(where / "config.json")), "data": data,
-            "tokenizer": {"joint": m.target_vocab is None}}
+            "tokenizer": {"joint": m.target_vocab is None},
+            "train": {"run_dir": str(Path.cwd() / "runs" / where.name)}}
 
 
 def import_marian(folder: Path) -> dict[str, Any]:
@@ -170,9 +171,10 @@ def import_marian(folder: Path) -> dict[str, Any]:
         raise CheckpointError(f"{folder}: source.spm or target.spm is not a sentencepiece model "
                               f"({str(e).splitlines()[0]})") from None
     state = to_attnmt(m.state, cfg.model, pieces, str(folder))
-    model = build_model(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
+    with torch.device("meta"):  # names and shapes only: no weights drawn to be overwritten
+        model = build_model(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
     try:
-        model.load_state_dict(state, strict=True)
+        model.load_state_dict(state, strict=True, assign=True)
     except RuntimeError as e:
         raise CheckpointError(f"{folder}: weights do not fit its config.json: "
                               f"{str(e).splitlines()[0][:200]}") from None
@@ -182,7 +184,7 @@ def import_marian(folder: Path) -> dict[str, Any]:
     settings = cfg.tokenizer.model_dump(mode="json", exclude={"sampling"})
     return {
         "format": FORMAT, "attnmt_version": __version__, "torch_version": str(torch.__version__),
-        "model": model.state_dict(), "optimizer": None, "schedule": None, "scaler": None,
+        "model": state, "optimizer": None, "schedule": None, "scaler": None,
         "progress": {"step": 0, "epoch": 0},
         "fingerprint": fingerprint(cfg, 1, tokenizer, []),
         "config": cfg.to_dict(),
@@ -258,12 +260,11 @@ def marian_files(model, cfg, tokenizer: Tokenizer) -> dict[str, bytes]:
 def export_marian(model_path: Path, out: Path) -> Path:
     """Write MODEL as a Marian folder ``out`` (new or empty, written whole); returns the checkpoint read.
     A model no Marian folder represents is a ConfigError naming the key."""
-    from ..runfiles import publish_folder
+    from ..runfiles import check_new_folder, publish_folder
     from .checkpoint import load_model
 
     out = Path(out)
-    if out.exists() and not (out.is_dir() and not any(out.iterdir())):
-        publish_folder(out, lambda tmp: None)  # its refusal, before the model is read
+    check_new_folder(out)  # before the model is read
     model, tokenizer, cfg, checkpoint = load_model(model_path, "cpu")
     why = _unrepresentable(cfg.model)
     if why is not None:

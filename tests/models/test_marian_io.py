@@ -150,7 +150,8 @@ def test_a_model_trained_in_attnmt_exports_for_transformers(tmp_path):
         theirs = hf(input_ids=batch.src, attention_mask=batch.src_mask, decoder_input_ids=batch.tgt_in).logits
     T = len(tokenizer.encode_tgt(tgt[:1])[0]) + 1
     torch.testing.assert_close(mine[0, :T], theirs[0, :T], rtol=0, atol=1e-5)
-    pre = _native_checkpoint(tmp_path / "pre", norm="pre") if (tmp_path / "pre").mkdir() is None else None
+    (tmp_path / "pre").mkdir()
+    pre = _native_checkpoint(tmp_path / "pre", norm="pre")
     result = invoke("export", pre, tmp_path / "no", "--to", "huggingface")
     assert result.exit_code == 2 and "model.norm is pre" in assert_one_error_line(result.output)
     assert not (tmp_path / "no").exists()
