@@ -113,7 +113,8 @@ def _native_checkpoint(tmp_path: Path, **model) -> Path:
 
     section = {"arch": "transformer", "d_model": 32, "n_heads": 4, "enc_layers": 2, "dec_layers": 2,
                "d_ff": 64,
-               "norm": "post", "positions": "sinusoidal_concat", "activation": "silu", "output_bias": True}
+               "norm": "post", "positions": "sinusoidal_concat", "activation": "silu", "output_bias": True,
+               "scale_embeddings": False}
     cfg = config_from_dict({"model": section | model, "data": {"src_lang": "en", "tgt_lang": "de"},
                             "tokenizer": {"vocab_size": 100}}, source="test")
     pairs = toy_pairs("train", 300)
@@ -131,8 +132,9 @@ def _native_checkpoint(tmp_path: Path, **model) -> Path:
 
 
 def test_a_model_trained_in_attnmt_exports_for_transformers(tmp_path):
-    """Marian's options from a config (attnmt's tokenizer, decoding from its own bos): transformers loads
-    the export and gives the same logits for the same ids; a pre-norm model is refused by name, exit 2."""
+    """Marian's options from a config, embeddings unscaled (attnmt's tokenizer, decoding from its own bos):
+    transformers loads the export and gives the same logits for the same ids; a pre-norm model is refused
+    by name, exit 2."""
     from transformers import MarianMTModel, MarianTokenizer
 
     checkpoint = _native_checkpoint(tmp_path)
