@@ -1,5 +1,5 @@
 """``attribute``: gradient attribution beside attention (``attribution.py``, through
-``attention_maps.attribute_corpus``)."""
+``exploring.attribute_corpus``)."""
 
 from __future__ import annotations
 
@@ -49,7 +49,8 @@ def attribute(
     integrated gradients delta (per row: the attributions' sum minus the output difference) and gap (the
     output difference).
     """
-    from ..insight.attention_maps import attribute_corpus, default_align_options, explore
+    from ..insight.aligning import default_align_options
+    from ..insight.exploring import attribute_corpus, explore
 
     check_source(method.value, None, None, False)  # captum, unless the method is attention
     sources, targets = read_pairs(src, tgt)

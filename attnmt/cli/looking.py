@@ -114,8 +114,9 @@ def _explore(translator, cfg, checkpoint: Path, lines, limit, html: Path, tgt: P
              one_based: bool, kinds) -> None:
     """``plot --html``: read the sources (and targets, gold), write the explorer page."""
     from ..data.readers import read_lines
+    from ..insight.aligning import default_align_options
     from ..insight.alignment import read_gold
-    from ..insight.attention_maps import default_align_options, explore
+    from ..insight.exploring import explore
 
     sources = list(itertools.islice(lines, limit))
     if not sources:
@@ -149,8 +150,8 @@ def _reverse_model(model: Path, cfg, reverse: Path, device, beam_size):
 def _calibrate(translator, cfg, checkpoint: Path, sources, targets, gold_path: Path, src: Path,
                one_based: bool, reading: dict) -> None:
     """``align --calibrate``: every reading's AER on the dev set, the best stored in the run folder."""
+    from ..insight.aligning import calibrate
     from ..insight.alignment import AlignOptions, calibration_file, read_gold
-    from ..insight.attention_maps import calibrate
     from ..runfiles import atomic_write_text
 
     path = calibration_file(checkpoint)
@@ -192,8 +193,8 @@ def align(model: ModelArg, src: opt.Src, tgt: opt.AlignTgt = None, gold: opt.Ali
     With --gold, print AER, precision and recall (Och & Ney 2003); the alignments are then written
     only with --output.
     """
+    from ..insight.aligning import align_corpus
     from ..insight.alignment import alignment_scores, format_pharaoh, read_gold
-    from ..insight.attention_maps import align_corpus
 
     check_request(AlignRequest(tgt, gold, hyp_out, output, layer, heads, shift, threshold, reverse,
                                symmetrize_.value if symmetrize_ is not None else None, from_.value,

@@ -60,6 +60,10 @@ class GuidedAlignmentConfig(Section):
     """The heads (1-based) of that layer that learn the alignment; the others stay free."""
     weight: Annotated[float, Field(strict=True, gt=0.0, allow_inf_nan=False)] = 0.05
     """lambda: the loss is cross-entropy + weight * alignment loss (Garg et al.: 0.05)."""
+    full_context: Bool = False
+    """Teach the heads in a second pass of the decoder, up to the taught layer, in which every target
+    position sees the whole target (no causal mask: Garg et al.'s full-context alignment), and read them
+    the same way in ``align``; Transformer only. The translation loss still comes from the causal pass."""
 
 
 class TrainConfig(Section):
@@ -306,6 +310,9 @@ def _resolve_alignment(cfg: Config, source: str, lines: dict[tuple[str, ...], in
     elif guided.layer > n_layers:
         raise ConfigError(f"{_where('train.alignment.layer', source, lines, overrides)}: {guided.layer}, but "
                           f"the model has {n_layers} cross-attention layer(s) (1..{n_layers})")
+    if guided.full_context and not transformer:
+        raise ConfigError(f"{_where('train.alignment.full_context', source, lines, overrides)}: full-context "
+                          "alignment needs model.arch transformer (the LSTM decoder reads left to right)")
     if max(guided.heads) > n_heads:
         raise ConfigError(f"{_where('train.alignment.heads', source, lines, overrides)}: {guided.heads}, but "
                           f"the model has {n_heads} head(s) per layer (1..{n_heads})")

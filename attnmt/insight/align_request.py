@@ -149,8 +149,8 @@ def check_calibrate(tgt: Path | None, given: dict) -> None:
 
 def layer_and_heads(cfg, layer: Layer | None = None, heads: Heads | None = None,
                     checkpoint: Path | None = None) -> tuple[Layer, Heads]:
-    """The layer and heads given, else the model's defaults (``attention_maps.default_align_options``)."""
-    from .attention_maps import default_align_options
+    """The layer and heads given, else the model's defaults (``aligning.default_align_options``)."""
+    from .aligning import default_align_options
 
     default = default_align_options(cfg, checkpoint)
     if layer is None:

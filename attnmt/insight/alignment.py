@@ -39,7 +39,8 @@ METHODS = ("mutual", "argmax", "threshold")
 class AlignOptions:
     """How ``attnmt align`` reads links off cross-attention: which layer (0-based, -1 the last, None every
     layer) and heads (0-based, None all) are averaged, the rows (``shift``: Shift-Att), the extraction
-    ``method`` and its ``threshold``; with a reverse model, the symmetrization of the two directions."""
+    ``method`` and its ``threshold``; with a reverse model, the symmetrization of the two directions; the
+    causal pass or the full-context one."""
 
     layer: int | None = None
     heads: tuple[int, ...] | None = None
@@ -54,6 +55,9 @@ class AlignOptions:
     """What links are read from: ``attention``, or a gradient attribution method (``attribution.py``)
     whose source shares stand in for one layer's single head; ``steps`` for integrated gradients."""
     steps: int = 64
+    full_context: bool = False
+    """Read the attention of the pass in which every target position sees the whole target (no causal
+    mask: Garg et al.'s alignment pass); a model trained with ``train.alignment.full_context`` is read so."""
 
 
 def attention_rows(cross: Sequence[np.ndarray], layer: int | None = None, heads: Sequence[int] | None = None,

@@ -253,6 +253,8 @@ def fingerprint(cfg, world_size: int, tokenizer, data_lengths: Sequence[int]) ->
     training dynamics (``train.*`` but ``RESUMABLE``, ``tokenizer.sampling``, world size), tokenizer, data."""
     sampling = cfg.tokenizer.sampling
     trained = cfg.train.model_dump(mode="json") | {"tokenizer.sampling": sampling and sampling.model_dump()}
+    if trained.get("alignment") and not trained["alignment"].get("full_context"):
+        trained["alignment"] = {k: v for k, v in trained["alignment"].items() if k != "full_context"}
     dynamics = {k: v for k, v in trained.items()
                 if k not in RESUMABLE and not (k in ADDED_DYNAMICS and v == ADDED_DYNAMICS[k])}
     dynamics["world_size"] = world_size

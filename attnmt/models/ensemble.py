@@ -38,10 +38,12 @@ class Ensemble(nn.Module):
         dtype = torch.promote_types(logits[0].dtype, torch.float32)
         return torch.stack([F.log_softmax(x.to(dtype), dim=-1) for x in logits]).mean(0)
 
-    def forward(self, batch, need_attention: bool = False, align_layer: int | None = None) -> ModelOutput:
+    def forward(self, batch, need_attention: bool = False, align_layer: int | None = None,
+                full_context: bool = False) -> ModelOutput:
         """Teacher forcing: the members' mean log-probabilities (B, T, V) as logits; attention is the first
         member's (each member has its own layers)."""
-        outs = [m(batch, need_attention) for m in self.members]
+        outs = [m(batch, need_attention, full_context=full_context and k == 0)
+                for k, m in enumerate(self.members)]
         return ModelOutput(self._mean_log_probs([o.logits for o in outs]), outs[0].attention)
 
     def encode(self, src: torch.Tensor, src_mask: torch.Tensor) -> EnsembleState:

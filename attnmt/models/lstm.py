@@ -107,13 +107,18 @@ class LSTMModel(nn.Module):
         logits = self.output(self.dropout(feed))  # (B, V)
         return logits, new_state, (weights if need_attention else None)
 
-    def forward(self, batch, need_attention: bool = False, align_layer: int | None = None) -> ModelOutput:
+    def forward(self, batch, need_attention: bool = False, align_layer: int | None = None,
+                full_context: bool = False) -> ModelOutput:
         """Teacher forcing: step through tgt_in, returning logits (B, T, V) and, if asked, the attention
         (B, 1, T, S) (``need_attention``, or ``align_layer`` 0: the one attention, for guided alignment).
+        The recurrence reads the target left to right only, so there is no ``full_context`` pass.
 
         The same computation as ``step`` after ``step``, with what does not depend on the recurrence done
         once for all T positions: the embedding and its dropout before the loop, the dropout and the
         vocabulary-wide output product after it (one (B*T, out_dim) x (out_dim, V) product instead of T)."""
+        if full_context:
+            raise ValueError("full-context alignment needs a Transformer: the LSTM decoder reads its target "
+                             "left to right")
         state = self.encode(batch.src, batch.src_mask)
         embedded = self.dropout(self.tgt_embed(batch.tgt_in))  # (B, T, E)
         feeds, weights = [], []

@@ -1,6 +1,9 @@
 """What every architecture gives the trainer and the decoder: ``TranslationModel`` and its decoding states.
 
-Teacher forcing: ``model(batch, need_attention, align_layer)`` returns a ``ModelOutput``. Decoding goes
+Teacher forcing: ``model(batch, need_attention, align_layer, full_context)`` returns a ``ModelOutput``
+(``full_context``: the attention asked for comes from a pass in which every target position sees the whole
+target, Garg et al.'s alignment pass; the Transformer's, and a ValueError from a model that has none).
+Decoding goes
 through three calls that ``decoding/search.py`` relies on, and nothing else:
 
 - ``encode(src, src_mask) -> state``: run the encoder once; the state holds what every step needs;
@@ -68,8 +71,8 @@ State = TypeVar("State")
 class TranslationModel(Protocol[State]):
     """An encoder-decoder as the trainer (``__call__``) and the searches (the other three) use it."""
 
-    def __call__(self, batch: Any, need_attention: bool = False,
-                 align_layer: int | None = None) -> ModelOutput: ...
+    def __call__(self, batch: Any, need_attention: bool = False, align_layer: int | None = None,
+                 full_context: bool = False) -> ModelOutput: ...
 
     def encode(self, src: torch.Tensor, src_mask: torch.Tensor) -> State: ...
 

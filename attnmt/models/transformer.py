@@ -172,13 +172,16 @@ class DecoderLayer(nn.Module):
         src_mask: torch.Tensor,
         need_weights: bool,
         need_cross: bool = False,
+        tgt_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """Teacher forcing, causal over x. Returns (x, self weights, cross weights); ``need_cross`` asks for
-        the cross weights alone."""
+        """Teacher forcing, causal over x; with ``tgt_mask`` (B, T), True for the real target positions,
+        every position sees the whole target instead (the full-context alignment pass, Garg et al. 2019).
+        Returns (x, self weights, cross weights); ``need_cross`` asks for the cross weights alone."""
 
         def self_attention(h: torch.Tensor):
             q, k, v = self.self_attn.project_qkv(h)  # each (B, H, T, dh)
-            return self.self_attn.attend(q, k, v, None, causal=True, need_weights=need_weights)
+            return self.self_attn.attend(q, k, v, tgt_mask, causal=tgt_mask is None,
+                                         need_weights=need_weights)
 
         x, self_weights = self.sub_self(x, self_attention)
         x, cross_weights = self.sub_cross(
@@ -274,18 +277,38 @@ class TransformerModel(nn.Module):
     def _cross_kv(self, memory: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return [layer.cross_attn.project_kv(memory) for layer in self.decoder]  # each (B, H, S, dh)
 
-    def forward(self, batch, need_attention: bool = False, align_layer: int | None = None) -> ModelOutput:
+    def forward(self, batch, need_attention: bool = False, align_layer: int | None = None,
+                full_context: bool = False) -> ModelOutput:
+        """Teacher forcing (``models/protocol.py``). With ``full_context``, the attention asked for
+        (``need_attention``, the cross-attention of ``align_layer``) comes from a second pass of the decoder
+        in which every position sees the whole target (no causal mask: Garg et al. 2019's alignment pass),
+        up to the last layer needed; the logits still come from the causal pass."""
         memory, enc_weights = self._encode(batch.src, batch.src_mask, need_attention)  # (B, S, D)
+        cross_kvs = self._cross_kv(memory)
         x = self._embed(self.tgt_embed, batch.tgt_in, 0)  # (B, T, D)
-        self_weights, cross_weights = [], []
-        for i, (layer, cross_kv) in enumerate(zip(self.decoder, self._cross_kv(memory))):
-            x, sw, cw = self._layer(layer, x, cross_kv, batch.src_mask, need_attention, i == align_layer)
-            self_weights.append(sw)
-            cross_weights.append(cw)
-        logits = self.output(self.dec_norm(x))  # (B, T, V)
+        causal_align = None if full_context else align_layer
+        top, self_weights, cross_weights = self._decode(x, cross_kvs, batch.src_mask,
+                                                        need_attention and not full_context, causal_align)
+        logits = self.output(self.dec_norm(top))  # (B, T, V)
+        if full_context and (need_attention or align_layer is not None):
+            layers = len(self.decoder) if need_attention else align_layer + 1
+            _, self_weights, cross_weights = self._decode(x, cross_kvs[:layers], batch.src_mask,
+                                                          need_attention, align_layer, batch.tgt_mask)
         attention = ({"enc_self": enc_weights, "dec_self": self_weights, "cross": cross_weights}
                      if need_attention else None)
         return ModelOutput(logits, attention, cross_weights[align_layer] if align_layer is not None else None)
+
+    def _decode(self, x: torch.Tensor, cross_kvs: list, src_mask: torch.Tensor, need_attention: bool,
+                align_layer: int | None, tgt_mask: torch.Tensor | None = None):
+        """The decoder layers of ``cross_kvs`` (every layer, or the first few) over the embedded target x
+        (B, T, D); causal, or with ``tgt_mask`` full-context. Returns (x, self weights, cross weights), the
+        weights one entry per layer (None where not asked for)."""
+        self_weights, cross_weights = [], []
+        for i, (layer, cross_kv) in enumerate(zip(self.decoder, cross_kvs)):
+            x, sw, cw = self._layer(layer, x, cross_kv, src_mask, need_attention, i == align_layer, tgt_mask)
+            self_weights.append(sw)
+            cross_weights.append(cw)
+        return x, self_weights, cross_weights
 
     # ------------------------------------------------------------------ incremental decoding
     #

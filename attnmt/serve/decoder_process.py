@@ -189,8 +189,8 @@ def _lower_priority(nice: int) -> None:
 def _answerer(translator) -> Callable[[str, tuple], object]:
     """What the child answers to each kind of message."""
     from ..insight.alignment import AlignOptions
-    from ..insight.attention_maps import explorer_sentences
     from ..insight.explorer import pack
+    from ..insight.exploring import explorer_sentences
     from .api import variant_maker
 
     variant = variant_maker(translator)

@@ -145,7 +145,8 @@ class OptimizerStep:
             last = m == len(parts) - 1 or not self.dist.active
             with (contextlib.nullcontext() if last else self.ddp_model.no_sync(),
                   torch.autocast(self.device.type, **autocast)):
-                out = self.forward(batch) if guided is None else self.forward(batch, align_layer=align_layer)
+                out = (self.forward(batch) if guided is None else
+                       self.forward(batch, align_layer=align_layer, full_context=guided.full_context))
                 loss = label_smoothed_nll(out.logits, batch.tgt_out, PAD_ID, self.cfg.label_smoothing)
                 if self.faults.poisons(step):
                     loss.loss = loss.loss * float("nan")

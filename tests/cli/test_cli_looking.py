@@ -291,7 +291,7 @@ def _planted(translator, sources, targets, gold_lines, layers: int, heads: int, 
     to the source pieces of the words gold links its word to; every other head attends to the mirrored
     position with weight 0.9 (wrong, and wrong in their averages too)."""
     from attnmt.data.words import membership_of
-    from attnmt.insight.attention_maps import _word_pieces
+    from attnmt.insight.aligning import word_pieces as _word_pieces
 
     src_ids, src_groups, tgt_ids, tgt_groups = _word_pieces(translator, sources, targets, None)
     out = []
@@ -310,7 +310,7 @@ def _planted(translator, sources, targets, gold_lines, layers: int, heads: int, 
 
 
 def test_calibrate_finds_the_planted_head_and_align_reads_it_by_default(toy, tmp_path, monkeypatch):
-    import attnmt.insight.attention_maps
+    import attnmt.insight.aligning
 
     runs, files = toy
     run = tmp_path / "run"
@@ -319,7 +319,7 @@ def test_calibrate_finds_the_planted_head_and_align_reads_it_by_default(toy, tmp
     for name in ("en", "de", "align"):
         text = "".join(x + "\n" for x in lines(files[name])[:30])
         (tmp_path / f"dev.{name}").write_text(text, encoding="utf-8")
-    original = attnmt.insight.attention_maps._cross
+    original = attnmt.insight.aligning._cross
 
     def planted(translator, src_ids, tgt_ids, *args, **kwargs):
         sources, targets = lines(files["en"])[:30], lines(files["de"])[:30]
@@ -327,7 +327,7 @@ def test_calibrate_finds_the_planted_head_and_align_reads_it_by_default(toy, tmp
             return _planted(translator, sources, targets, gold_lines, 2, 2, (1, 1))
         return original(translator, src_ids, tgt_ids, *args, **kwargs)
 
-    monkeypatch.setattr(attnmt.insight.attention_maps, "_cross", planted)
+    monkeypatch.setattr(attnmt.insight.aligning, "_cross", planted)
     dev = ["--src", tmp_path / "dev.en", "--tgt", tmp_path / "dev.de"]
     result = invoke("align", run, *dev, "--calibrate", tmp_path / "dev.align")
     assert result.exit_code == 0, result.output

@@ -1,0 +1,130 @@
+"""What a model owes each input, on a page: gradient attribution and ALTI+ of sentence pairs
+(``attnmt attribute``), and the explorer page of their attention (``attnmt plot --html``, ``attnmt serve``'s
+``/attention``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..data.readers import clean
+from ..data.words import has_cjk, membership_of, segment, word_count
+from ..decoding.translator import Translator
+from ..errors import DataError
+from .aligning import read_links, word_pieces
+from .alignment import AlignOptions, Gold, alignment_scores
+from .attention_maps import teacher_forced_attention
+from .attribution import Attribution, attribute_pairs, from_attention
+from .explorer import ExplorerSentence, write_explorer
+
+
+@dataclass
+class Attributed:
+    method: str
+    targets: list[str]  # the targets attributed (given, or the model's translations)
+    src: list[list[str]]  # per pair: the source pieces and </s> (the columns)
+    tgt: list[list[str]]  # per pair: the target pieces and </s> (the rows)
+    found: list[Attribution | None]  # per pair; None for an empty line
+
+
+def attribute_corpus(translator: Translator, sources: Sequence[str], targets: Sequence[str] | None = None,
+                     method: str = "integrated_gradients", steps: int = 64,
+                     on_pair: Callable[[int], None] | None = None, workers: int | None = None) -> Attributed:
+    """``attnmt attribute``: each pair's attribution by ``method`` (``attribution.METHODS``; the model's
+    own translation unless ``targets`` are given), on the pieces ``align`` reads the lines as."""
+    if targets is None:
+        targets = translator.best(sources)
+    src_ids, _, tgt_ids, _ = word_pieces(translator, sources, targets, None)
+    pairs = [i for i in range(len(sources)) if src_ids[i] and tgt_ids[i]]
+    chosen = ([src_ids[i] for i in pairs], [tgt_ids[i] for i in pairs])
+    if method == "attention":
+        maps = teacher_forced_attention(translator.model, *chosen, translator.device,
+                                        translator.decode.max_tokens, ["cross"], on_pair)
+        results = [from_attention(pair_maps["cross"]) for pair_maps in maps]
+    else:
+        results = attribute_pairs(translator.model, *chosen, method, translator.device, steps,
+                                  translator.decode.max_tokens, on_pair, workers)
+    found: list[Attribution | None] = [None] * len(sources)
+    for i, result in zip(pairs, results):
+        found[i] = result
+    tokenizer = translator.tokenizer
+    return Attributed(method, list(targets), [tokenizer.src_pieces(ids) + ["</s>"] for ids in src_ids],
+                      [tokenizer.tgt_pieces(ids) + ["</s>"] for ids in tgt_ids], found)
+
+
+# ------------------------------------------------------------------------------------------ explorer
+
+
+def _page_words(line: str, spec, n_pieces: int) -> tuple[np.ndarray, list[str]]:
+    """The words ``words_to_pieces`` read ``line`` as, for the page: a membership matrix over its pieces
+    and EOS (EOS a word of its own), and the word labels."""
+    labels = [w.text for w in segment(line)] if has_cjk(line) else clean(line).split()
+    words = word_count(spec)
+    matrix = np.zeros((n_pieces + 1, words + 1))
+    matrix[:n_pieces, :words] = membership_of(spec, n_pieces)
+    matrix[n_pieces, words] = 1.0
+    if len(labels) != words:  # cannot happen for lines words_to_pieces read; labels then by number
+        labels = [str(w + 1) for w in range(words)]
+    return matrix, labels + ["</s>"]
+
+
+@dataclass
+class Explored:
+    sentences: int  # pairs on the page
+    bytes: int  # the page's size
+    targets: list[str]  # the targets read (given, or the model's translations)
+
+
+def explore(translator: Translator, sources: Sequence[str], out: Path,
+            targets: Sequence[str] | None = None, kinds: Sequence[str] = ("cross",),
+            options: AlignOptions = AlignOptions(), gold: Gold | None = None,
+            title: str = "attnmt attention", attribution: Attributed | None = None) -> Explored:
+    """``attnmt plot --html``: every layer and head of ``kinds`` for each pair (the model's own translation
+    unless ``targets`` are given), with the word alignment ``align`` would extract (``options``) and, with
+    ``gold``, each sentence's AER, written as one self-contained HTML page (``explorer.write_explorer``).
+    With ``attribution`` (``attribute_corpus`` of the same pairs), the page shows its source and prefix
+    shares too (kinds ``attribution`` and ``attribution_prefix``: one layer of one head).
+    Sentences are numbered from 1 in input order; an empty line is left out."""
+    if targets is None:
+        targets = translator.best(sources)
+    page = explorer_sentences(translator, sources, targets, kinds, options, gold, attribution)
+    if not page:
+        raise DataError("no sentence pairs to draw (every line is empty)")
+    return Explored(len(page), write_explorer(out, page, title), list(targets))
+
+
+def explorer_sentences(translator: Translator, sources: Sequence[str], targets: Sequence[str],
+                       kinds: Sequence[str] = ("cross",), options: AlignOptions = AlignOptions(),
+                       gold: Gold | None = None,
+                       attribution: Attributed | None = None) -> list[ExplorerSentence]:
+    """What ``explore`` draws, one ``ExplorerSentence`` per pair that has pieces on both sides (numbered from
+    1 in input order), for a page or for ``attnmt serve``'s ``/attention``."""
+    tokenizer = translator.tokenizer
+    src_ids, src_groups, tgt_ids, tgt_groups = word_pieces(translator, sources, targets, gold)
+    pairs = [i for i in range(len(sources)) if src_ids[i] and tgt_ids[i]]
+    maps = teacher_forced_attention(translator.model, [src_ids[i] for i in pairs],
+                                    [tgt_ids[i] for i in pairs], translator.device,
+                                    translator.decode.max_tokens, list(kinds))
+    if attribution is not None:
+        kinds = [*kinds, "attribution", "attribution_prefix"]
+        for i, pair_maps in zip(pairs, maps):
+            found = attribution.found[i]
+            pair_maps.update(attribution=[found.source[None]], attribution_prefix=[found.prefix[None]])
+    page = []
+    for i, pair_maps in zip(pairs, maps):
+        src, tgt = tokenizer.src_pieces(src_ids[i]), tokenizer.tgt_pieces(tgt_ids[i])
+        links = read_links(pair_maps["cross"], src_groups[i], tgt_groups[i], options)
+        sure, possible, aer = None, None, None
+        if gold is not None:
+            sure, possible = gold.sure[i], gold.possible[i]
+            aer = alignment_scores([links], [sure], [possible]).aer
+        # The page shows the words align read (pre-segmented CJK: the given words), and EOS as one more.
+        page.append(ExplorerSentence(i + 1, src + ["</s>"], tgt + ["</s>"], ["<s>"] + tgt,
+                                     {kind: pair_maps[kind] for kind in kinds}, links, sure, possible, aer,
+                                     _page_words(sources[i], src_groups[i], len(src)),
+                                     _page_words(targets[i], tgt_groups[i], len(tgt))))
+    return page
