@@ -27,7 +27,9 @@ def attribute(
     method: Annotated[AttributionMethod, typer.Option("--method", help="saliency: |gradient|; "
                                                       "input_x_gradient; integrated_gradients (from zero "
                                                       "embeddings); attention: cross-attention, every layer "
-                                                      "and head averaged.")] = "integrated_gradients",
+                                                      "and head averaged; alti: ALTI+, contributions through "
+                                                      "the whole Transformer, one forward pass, no "
+                                                      "captum.")] = "integrated_gradients",
     steps: StepsOpt = 64,
     limit: Annotated[int | None, typer.Option("--limit", min=1, help="Only the first N pairs.")] = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the JSON lines here "
@@ -44,8 +46,10 @@ def attribute(
 
     Gradient attribution (captum: pip install 'attnmt\\[attribute]') of log p(target piece) with respect to
     the embeddings; a token's score is the L2 norm of its attribution, and each row's scores are shares
-    summing to 1. One JSON object per pair: number, method, src, tgt, tgt_in (pieces), source (a row per
-    target piece: the share of each source piece), prefix (the share of each decoder input), and for
+    summing to 1. --method alti (Ferrando et al. 2022) follows each piece's contribution through attention,
+    residuals and layer norms instead, without gradients. One JSON object per pair: number, method, src,
+    tgt, tgt_in (pieces), source (a row per target piece: the share of each source piece), prefix (the share
+    of each decoder input), source_share (per target piece: the source's share in its prediction), and for
     integrated gradients delta (per row: the attributions' sum minus the output difference) and gap (the
     output difference).
     """
@@ -84,7 +88,8 @@ def _attribution_records(done) -> list[dict]:
         record = {"number": number, "method": done.method, "src": src, "tgt": tgt,
                   "tgt_in": ["<s>"] + tgt[:-1], "source": [], "prefix": []}
         if found is not None:
-            record.update(source=rows(found.source), prefix=rows(found.prefix))
+            record.update(source=rows(found.source), prefix=rows(found.prefix),
+                          source_share=[round(float(x), 6) for x in found.source.sum(1)])
             if found.delta is not None:
                 record.update(delta=[round(float(x), 6) for x in found.delta],
                               gap=[round(float(x), 6) for x in found.gap])

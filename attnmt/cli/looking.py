@@ -51,9 +51,9 @@ def _check_number(option: str, value: int | None, count: int, what: str) -> int 
 def plot(model: ModelArg, sentences: opt.Sentences = None, input_: InputOpt = None,
          limit: opt.Limit = None, out: opt.FiguresOut = None, html: opt.Html = None, tgt: opt.PlotTgt = None,
          gold: opt.PlotGold = None, one_based: opt.PlotOneBased = False, layer: opt.PlotLayer = None,
-         head: opt.PlotHead = None, self_: opt.SelfAttention = False, words: opt.PlotWords = False,
-         fmt: FormatOpt = "png", dpi: DpiOpt = 100, beam_size: BeamOpt = None,
-         device: DeviceOpt = "auto") -> None:
+         head: opt.PlotHead = None, self_: opt.SelfAttention = False, rollout: opt.Rollout = False,
+         flow: opt.Flow = False, words: opt.PlotWords = False, fmt: FormatOpt = "png", dpi: DpiOpt = 100,
+         beam_size: BeamOpt = None, device: DeviceOpt = "auto") -> None:
     """Translate sentences, then draw the model's attention on each sentence and its translation.
 
     The translation is read back under teacher forcing, so every layer and head is there: an LSTM's one
@@ -63,19 +63,25 @@ def plot(model: ModelArg, sentences: opt.Sentences = None, input_: InputOpt = No
 
     With --html FILE, one page instead: a sentence navigator; cross, encoder and decoder self-attention
     (with --self); any layer, head or their average; a heatmap or a line view; pieces or words; the word
-    alignment that align extracts drawn on top (with --tgt and --gold, coloured by gold, with each AER).
+    alignment that align extracts drawn on top (with --tgt and --gold, coloured by gold, with each AER);
+    with --rollout and --flow, attention rollout and flow, with each prediction's source share as a line.
     """
     from ..insight.attention_maps import HeatmapOptions, draw_attention
     from ..insight.plot import KIND_TITLES
     from ..models import attention_layout
 
     _check_plot_options(out, html, tgt, gold, layer, head, words)
+    relevance = [name for name, given in (("rollout", rollout), ("flow", flow)) if given]
+    if relevance and html is None:
+        raise ConfigError(f"--{relevance[0]} is drawn on the --html page only")
     lines = sentences_or_input(sentences, input_)
     translator, cfg, checkpoint = open_for_attention(model, device, beam_size)
     n_layers, n_heads = attention_layout(cfg.model)
-    if self_ and "enc_self" not in n_layers:
-        raise ConfigError(f"--self: a {cfg.model.arch} model has no self-attention to draw")
+    for flag, given in (("--self", self_), *((f"--{name}", True) for name in relevance)):
+        if given and "enc_self" not in n_layers:
+            raise ConfigError(f"{flag}: a {cfg.model.arch} model has no self-attention to follow")
     kinds = ("cross", "enc_self", "dec_self") if self_ else ("cross",)
+    kinds += tuple(relevance)
     if html is not None:
         _explore(translator, cfg, checkpoint, lines, limit, html, tgt, gold, one_based, kinds)
         return
@@ -183,19 +189,30 @@ def align(model: ModelArg, src: opt.Src, tgt: opt.AlignTgt = None, gold: opt.Ali
           word_rule: opt.Words = "merged", threshold: opt.Threshold = 0.3,
           one_based: opt.AlignOneBased = False, output: opt.AlignOutput = None, hyp_out: opt.HypOut = None,
           json_: opt.ScoresJson = False, calibrate_: opt.Calibrate = None, from_: opt.From = "attention",
-          steps: StepsOpt = 64, beam_size: BeamOpt = None, device: DeviceOpt = "auto") -> None:
+          full_context: opt.FullContext = None, one_way: opt.OneWay = False, steps: StepsOpt = 64,
+          beam_size: BeamOpt = None, device: DeviceOpt = "auto") -> None:
     """Word alignments from cross-attention under teacher forcing, in Pharaoh format (one line per pair).
 
     Words are the space-separated tokens of each line; the attention over a word's pieces is merged
     (source pieces summed, target pieces averaged). By default every layer and head is averaged (the
     EOS column masked) and a link is kept where it is the argmax in both directions (--method mutual).
-    With --reverse MODEL, a model trained the other way aligns too and --symmetrize combines the two.
+    With --reverse MODEL, a model trained the other way aligns too and --symmetrize combines the two (a
+    run folder that names its reverse model in reverse.json is aligned both ways unless --one-way). A model
+    taught with train.alignment.full_context is read in the pass where each piece sees the whole target.
     With --gold, print AER, precision and recall (Och & Ney 2003); the alignments are then written
     only with --output.
     """
     from ..insight.aligning import align_corpus
-    from ..insight.alignment import alignment_scores, format_pharaoh, read_gold
+    from ..insight.alignment import alignment_scores, format_pharaoh, read_gold, read_reverse
 
+    if full_context is not None and from_.value != "attention":
+        flag = "--full-context" if full_context else "--causal"
+        raise ConfigError(f"{flag} chooses which attention is read; --from {from_.value} reads no attention")
+    if reverse is None and not one_way and calibrate_ is None:
+        reverse = read_reverse(model)
+        if reverse is not None:
+            sys.stderr.write(f"aligning both ways, with the reverse model {reverse} (reverse.json; --one-way "
+                             "for one direction)\n")
     check_request(AlignRequest(tgt, gold, hyp_out, output, layer, heads, shift, threshold, reverse,
                                symmetrize_.value if symmetrize_ is not None else None, from_.value,
                                calibrate_))
@@ -205,6 +222,8 @@ def align(model: ModelArg, src: opt.Src, tgt: opt.AlignTgt = None, gold: opt.Ali
     reading = {"shift": shift, "method": method.value, "threshold": threshold,
                "symmetrize": (symmetrize_ or Symmetrization.grow_diag_final_and).value,
                "words": word_rule.value, "source": from_.value, "steps": steps}
+    if full_context is not None:
+        reading["full_context"] = full_context
     if calibrate_ is not None:
         return _calibrate(translator, cfg, checkpoint, sources, targets, calibrate_, src, one_based, reading)
     given = (layer, heads)  # each model read with its own defaults where these are None
@@ -219,7 +238,7 @@ def align(model: ModelArg, src: opt.Src, tgt: opt.AlignTgt = None, gold: opt.Ali
         write_output(output, "".join(format_pharaoh(links, one_based) + "\n" for links in aligned.links))
     if gold_links is not None:
         score = alignment_scores(aligned.links, gold_links.sure, gold_links.possible)
-        _print_score(score, json_, src, layer, heads, reading, reverse)
+        _print_score(score, json_, src, layer, heads, reading, reverse, options.full_context)
 
 
 def _reverse_reading(model: Path, cfg, reverse: Path | None, device, beam_size, reading: dict,
@@ -243,7 +262,7 @@ def _own_translations(translator, sources: list[str], hyp_out: Path | None) -> l
 
 
 def _print_score(score, json_: bool, src: Path, layer: Layer, heads: Heads, reading: dict,
-                 reverse: Path | None) -> None:
+                 reverse: Path | None, full_context: bool) -> None:
     """``align --gold``'s scores, as a table or as JSON, with the reading they are of."""
     from .reporting import print_alignment_score
 
@@ -251,9 +270,11 @@ def _print_score(score, json_: bool, src: Path, layer: Layer, heads: Heads, read
     if json_:
         typer.echo(json.dumps({**score.as_dict(), "layer": layer.text, "heads": heads.text,
                                **{key: reading[key] for key in ("shift", "method", "words")},
-                               "from": reading["source"], "symmetrize": symmetrization}))
+                               "from": reading["source"], "symmetrize": symmetrization,
+                               "full_context": full_context, "reverse": str(reverse) if reverse else None}))
         return
     how = f"layer {layer.text}, heads {heads.text}" if reading["source"] == "attention" else reading["source"]
+    how += ", full context" if full_context else ""
     how += (f", {reading['method']}" + (", shifted" if reading["shift"] else "")
             + (f", {symmetrization} with {reverse}" if reverse is not None else ""))
     print_alignment_score(score, f"alignment of {src} ({how})")

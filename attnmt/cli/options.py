@@ -31,12 +31,13 @@ class AlignMethod(str, Enum):
 
 class AttributionMethod(str, Enum):
     """``attribute --method`` and ``align --from``: a gradient attribution (``attribution.py``, captum) or
-    the cross-attention itself."""
+    the cross-attention itself, or ALTI+ (``alti.py``: contributions through the whole network)."""
 
     saliency = "saliency"
     input_x_gradient = "input_x_gradient"
     integrated_gradients = "integrated_gradients"
     attention = "attention"
+    alti = "alti"
 
 
 StepsOpt = Annotated[int, typer.Option("--steps", min=2, max=4096, help="Integrated gradients: points on "
@@ -177,6 +178,13 @@ PlotHead = Annotated[int | None, typer.Option("--head", min=1, help="Only this h
                                               "head and their average).")]
 SelfAttention = Annotated[bool, typer.Option("--self", help="Also draw encoder and decoder self-attention "
                                              "(Transformer).")]
+Rollout = Annotated[bool, typer.Option("--rollout", help="With --html: also attention rollout (Abnar and "
+                                       "Zuidema 2020): each prediction's shares of the source and of the "
+                                       "prefix, attention followed through every layer (Transformer).")]
+Flow = Annotated[bool, typer.Option("--flow", help="With --html: also attention flow (Abnar and Zuidema "
+                                    "2020): the maximum flow from each prediction to each input through the "
+                                    "layers (Transformer; a max-flow problem per pair of pieces: seconds a "
+                                    "sentence).")]
 PlotWords = Annotated[bool, typer.Option("--words", help="Label words instead of pieces (source pieces "
                                          "summed, target pieces averaged).")]
 
@@ -203,10 +211,18 @@ Method = Annotated[AlignMethod, typer.Option("--method", help="mutual: the argma
                                              "argmax: each target word's most attended source word; "
                                              "threshold: every weight >= --threshold.")]
 Reverse = Annotated[Path | None, typer.Option("--reverse", help="A model trained in the other direction "
-                                              "(target to source): align both ways and symmetrize.",
+                                              "(target to source): align both ways and symmetrize "
+                                              "(default: the one the run folder names in reverse.json).",
                                               show_default=False)]
+FullContext = Annotated[bool | None, typer.Option(
+    "--full-context/--causal", help="Read the cross-attention of the pass in which every target piece sees "
+    "the whole target (Garg et al. 2019), or of the causal pass (default: the pass the model was taught "
+    "in, train.alignment.full_context).", show_default=False)]
+OneWay = Annotated[bool, typer.Option("--one-way", help="Align in this direction only, even when the run "
+                                      "folder names its reverse model (reverse.json, written by "
+                                      "scripts/bootstrap_guided.py).")]
 Symmetrize = Annotated[Symmetrization | None, typer.Option(
-    "--symmetrize", help="With --reverse: how the two directions combine (Moses's heuristics; default "
+    "--symmetrize", help="With a reverse model: how the two directions combine (Moses's heuristics; default "
     "grow-diag-final-and).", show_default=False)]
 Words = Annotated[WordRule, typer.Option("--words", help="merged: attention merged into words, then linked; "
                                          "any: pieces linked, two words linked if any of their pieces are.")]
@@ -224,5 +240,5 @@ Calibrate = Annotated[Path | None, typer.Option("--calibrate", help="Gold alignm
                                                 "the best in the run folder as the default.",
                                                 show_default=False)]
 From = Annotated[AttributionMethod, typer.Option("--from", help="What links are read from: the "
-                                                 "cross-attention, or a gradient attribution's source shares "
-                                                 "(see attribute).")]
+                                                 "cross-attention, or the source shares of a gradient "
+                                                 "attribution or of ALTI+ (see attribute).")]

@@ -122,14 +122,17 @@ def check_request(request: AlignRequest) -> None:
 
 
 def check_source(source: str, layer: Layer | None, heads: Heads | None, shift: bool) -> None:
-    """``align --from``: a gradient attribution has no layers, heads or shifted rows to choose; it needs
-    captum (said before a model is loaded)."""
+    """``align --from``: a gradient attribution or ALTI+ has no layers, heads or shifted rows to choose; a
+    gradient attribution needs captum (said before a model is loaded)."""
     if source != "attention":
         chosen = (("--layer", layer), ("--heads", heads), ("--shift", shift))
         given = [name for name, value in chosen if value]
         if given:
+            what = "ALTI+'s contributions" if source == "alti" else "a gradient attribution"
             raise ConfigError(f"{given[0]} chooses what attention is read; --from {source} reads "
-                              "a gradient attribution instead")
+                              f"{what} instead")
+        if source == "alti":
+            return
         from .attribution import captum_attr
 
         captum_attr()
@@ -163,12 +166,20 @@ def layer_and_heads(cfg, layer: Layer | None = None, heads: Heads | None = None,
 def reading(cfg, layer: Layer | None, heads: Heads | None, which: str = "", checkpoint: Path | None = None,
             **options) -> tuple[Layer, Heads, AlignOptions]:
     """(layer, heads, ``AlignOptions``) of one model: the layer and heads given, else its defaults
-    (``layer_and_heads``), checked against the model; ``which`` names it in messages ("--reverse ")."""
+    (``layer_and_heads``), checked against the model; the full-context pass or the causal one as given
+    (``full_context`` in ``options``), else as the model was taught; ``which`` names it in messages
+    ("--reverse ")."""
     from ..models import attention_layout
+    from .aligning import default_align_options
     from .alignment import AlignOptions
 
     layer, heads = layer_and_heads(cfg, layer, heads, checkpoint)
     n_layers, n_heads = attention_layout(cfg.model)
     layer.check(n_layers["cross"], which)
     heads.check(n_heads, which)
+    if options.get("full_context") is None:
+        options["full_context"] = default_align_options(cfg).full_context
+    elif options["full_context"] and cfg.model.arch != "transformer":
+        raise ConfigError(f"--full-context: the {which}model is an {cfg.model.arch}, whose decoder reads its "
+                          "target left to right only")
     return layer, heads, AlignOptions(layer.index, heads.indices, **options)

@@ -29,6 +29,7 @@ from .alignment import (
     symmetrize,
     words_from_piece_links,
 )
+from .alti import alti_pairs
 from .attention_maps import teacher_forced_attention
 from .attribution import attribute_pairs
 
@@ -126,14 +127,17 @@ def _cross(translator: Translator, src_ids: Sequence[Sequence[int]], tgt_ids: Se
            on_batch: Callable[[int], None] | None = None,
            full_context: bool = False) -> list[list[np.ndarray]]:
     """Per pair, what links are read from: the cross-attention (one (H, T, S) array per layer; of the
-    full-context pass with ``full_context``) or, for a gradient method (``attribution.GRADIENT_METHODS``),
-    its source shares as one layer of one head."""
+    full-context pass with ``full_context``) or, for a gradient method (``attribution.GRADIENT_METHODS``) or
+    ALTI+ (``alti``), its source shares as one layer of one head."""
     if source == "attention":
         maps = teacher_forced_attention(translator.model, src_ids, tgt_ids, translator.device,
                                         translator.decode.max_tokens, ["cross"], on_batch, full_context)
         return [pair_maps["cross"] for pair_maps in maps]
-    found = attribute_pairs(translator.model, src_ids, tgt_ids, source, translator.device, steps,
-                            translator.decode.max_tokens, on_batch)
+    if source == "alti":
+        found = alti_pairs(translator.model, src_ids, tgt_ids, translator.device, on_batch)
+    else:
+        found = attribute_pairs(translator.model, src_ids, tgt_ids, source, translator.device, steps,
+                                translator.decode.max_tokens, on_batch)
     return [[a.source[None]] for a in found]
 
 

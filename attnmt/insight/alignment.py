@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -142,6 +143,43 @@ def read_calibration(checkpoint: Path) -> tuple[int | None, tuple[int, ...] | No
             heads is None or all(type(h) is int and h >= 0 for h in indices)):
         raise DataError(f"{path}: layer must be null or a 0-based index, heads null or a list of them")
     return layer, (tuple(heads) if heads is not None else None)
+
+
+REVERSE = "reverse.json"  # in a run folder: the model trained the other way, which align symmetrizes with
+
+
+def run_folder(model: Path) -> Path | None:
+    """The run folder of a model path: the folder itself, or RUN for RUN/checkpoints/FILE; None otherwise."""
+    model = Path(model)
+    if model.is_dir():
+        return model
+    return model.parent.parent if model.parent.name == "checkpoints" else None
+
+
+def read_reverse(model: Path) -> Path | None:
+    """The reverse model a run folder names in ``reverse.json`` (``{"model": PATH}``, relative to the run
+    folder), when that model is there; None without one."""
+    run = run_folder(model)
+    path = run / REVERSE if run is not None else None
+    if path is None or not path.is_file():
+        return None
+    try:
+        named = json.loads(path.read_text(encoding="utf-8"))["model"]
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
+        raise DataError(f"{path}: not a reverse model record ({e.__class__.__name__}: {e})") from None
+    if not isinstance(named, str):
+        raise DataError(f"{path}: model must be a path, not {named!r}")
+    reverse = (run / named).resolve()
+    return reverse if reverse.exists() else None
+
+
+def write_reverse(run: Path, reverse: Path) -> Path:
+    """Record in ``run`` that ``reverse`` is its model the other way (a path relative to ``run``)."""
+    from ..runfiles import atomic_write_text
+
+    relative = os.path.relpath(Path(reverse).resolve(), Path(run).resolve())
+    atomic_write_text(Path(run) / REVERSE, json.dumps({"model": relative}) + "\n")
+    return Path(run) / REVERSE
 
 
 # ---------------------------------------------------------------------------------------- Pharaoh

@@ -43,8 +43,8 @@ from ..data.pool import default_workers, ordered_map
 from ..data.tokenizer import EOS_ID
 from ..errors import ConfigError
 
-METHODS = ("saliency", "input_x_gradient", "integrated_gradients", "attention")
-GRADIENT_METHODS = METHODS[:3]
+METHODS = ("saliency", "input_x_gradient", "integrated_gradients", "attention", "alti")
+GRADIENT_METHODS = METHODS[:3]  # ``alti`` is ALTI+ (``alti.py``): one forward pass, no gradients
 
 
 @dataclass

@@ -34,6 +34,9 @@ What the page's DOM offers (tests and scripts rely on these ids and classes):
   (``AER 0.250``, empty without gold), ``#explorer-legend`` (hidden unless links are drawn; one
   ``.legend-item`` per class, with ``data-class`` and ``data-count``), ``#explorer-axes`` (which
   sequence the rows and columns are);
+- ``#explorer-share`` (hidden unless the kind has shares): ``#explorer-share-line``, an SVG with one
+  ``.share-point`` per target piece (``data-row``, ``data-share``: the source's share in that prediction,
+  4 decimals) joined by a ``.share-polyline``;
 - ``#explorer-tooltip``: what the pointer is over, e.g. ``Fahrrad → bicycle: 0.734`` (key → query, 3
   decimals) for a cell or line, or a token's weights for a label;
 - heatmap: ``#explorer-heatmap`` with ``data-rows``, ``data-cols``; ``.col-label`` (``data-col``),
@@ -67,13 +70,18 @@ import numpy as np
 from ..data.words import membership_of, piece_words
 from ..runfiles import atomic_write_bytes
 
-KINDS = ("cross", "enc_self", "dec_self", "attribution", "attribution_prefix")
+# What a prediction owes its inputs, each as a source kind and a prefix kind (one layer of one head): a
+# gradient attribution, ALTI+, attention rollout and attention flow.
+SHARE_KINDS = {"attribution": "attribution", "alti": "ALTI+", "rollout": "rollout", "flow": "flow"}
+KINDS = ("cross", "enc_self", "dec_self", *(k + end for k in SHARE_KINDS for end in ("", "_prefix")))
 KIND_NAMES = {"cross": "cross-attention", "enc_self": "encoder self-attention",
-              "dec_self": "decoder self-attention", "attribution": "attribution: source",
-              "attribution_prefix": "attribution: prefix"}
+              "dec_self": "decoder self-attention",
+              **{k + end: f"{name}: {side}" for k, name in SHARE_KINDS.items()
+                 for end, side in (("", "source"), ("_prefix", "prefix"))}}
 # Which piece sequence labels the rows (queries) and the columns (keys) of each kind.
 KIND_AXES = {"cross": ("tgt", "src"), "enc_self": ("src", "src"), "dec_self": ("tgt_in", "tgt_in"),
-             "attribution": ("tgt", "src"), "attribution_prefix": ("tgt", "tgt_in")}
+             **{k + end: ("tgt", side) for k in SHARE_KINDS
+                for end, side in (("", "src"), ("_prefix", "tgt_in"))}}
 LEVELS = 255  # uint8 quantisation: w -> round(w * LEVELS)
 
 
@@ -81,8 +89,9 @@ LEVELS = 255  # uint8 quantisation: w -> round(w * LEVELS)
 class ExplorerSentence:
     """One sentence's attention for the page. ``maps[kind]`` holds one (H, rows, cols) array per layer:
     ``cross`` (always present) is (H, len(tgt), len(src)), ``enc_self`` (H, len(src), len(src)),
-    ``dec_self`` (H, len(tgt_in), len(tgt_in)); a gradient attribution's shares are one layer of one head,
-    ``attribution`` (1, len(tgt), len(src)) and ``attribution_prefix`` (1, len(tgt), len(tgt_in)). Links are
+    ``dec_self`` (H, len(tgt_in), len(tgt_in)); what a prediction owes its inputs (``SHARE_KINDS``: a gradient
+    attribution, ALTI+, rollout, flow) is one layer of one head, e.g. ``attribution`` (1, len(tgt), len(src))
+    and ``attribution_prefix`` (1, len(tgt), len(tgt_in)). Links are
     (source word, target word) in the word indices of ``piece_words(src)`` and ``piece_words(tgt)``, or of
     ``src_words`` / ``tgt_words`` when given: (a
     membership matrix (pieces, words) whose rows sum to 1, the word labels), the words a caller read the
@@ -100,6 +109,9 @@ class ExplorerSentence:
     aer: float | None = None
     src_words: tuple[np.ndarray, list[str]] | None = None
     tgt_words: tuple[np.ndarray, list[str]] | None = None
+    shares: dict[str, Sequence[float]] | None = None
+    """Per kind of ``SHARE_KINDS`` on the page: each prediction's source share (a value per row of
+    ``tgt``), drawn as a line over the sentence."""
 
 
 def quantise(weights: np.ndarray) -> np.ndarray:
@@ -177,8 +189,14 @@ def _payload(sentences: Sequence[ExplorerSentence]) -> tuple[list[dict], bytes]:
         gold = s.possible is not None or s.sure is not None
         possible = set(s.possible or ()) | set(s.sure or ()) if gold else None
         aer = None if s.aer is None or not math.isfinite(s.aer) else float(s.aer)
+        shares = {}
+        for kind, values in (s.shares or {}).items():
+            if kind not in SHARE_KINDS or len(values) != len(s.tgt):
+                raise ValueError(f"sentence {s.number}: shares of {kind!r}: {len(values)} values for "
+                                 f"{len(s.tgt)} target pieces (kinds: {', '.join(SHARE_KINDS)})")
+            shares[kind] = [round(min(max(float(v), 0.0), 1.0), 4) for v in values]
         entries.append({
-            **sides, "number": int(s.number), "maps": maps,
+            **sides, "number": int(s.number), "maps": maps, "shares": shares,
             "words": words,
             "links": _links(s.links), "sure": _links(s.sure), "possible": _links(possible), "aer": aer,
         })

@@ -17,9 +17,11 @@ from ..decoding.translator import Translator
 from ..errors import DataError
 from .aligning import read_links, word_pieces
 from .alignment import AlignOptions, Gold, alignment_scores
+from .alti import alti_pairs
 from .attention_maps import teacher_forced_attention
 from .attribution import Attribution, attribute_pairs, from_attention
 from .explorer import ExplorerSentence, write_explorer
+from .rollout import flow, rollout
 
 
 @dataclass
@@ -45,6 +47,8 @@ def attribute_corpus(translator: Translator, sources: Sequence[str], targets: Se
         maps = teacher_forced_attention(translator.model, *chosen, translator.device,
                                         translator.decode.max_tokens, ["cross"], on_pair)
         results = [from_attention(pair_maps["cross"]) for pair_maps in maps]
+    elif method == "alti":
+        results = alti_pairs(translator.model, *chosen, translator.device, on_pair)
     else:
         results = attribute_pairs(translator.model, *chosen, method, translator.device, steps,
                                   translator.decode.max_tokens, on_pair, workers)
@@ -87,7 +91,8 @@ def explore(translator: Translator, sources: Sequence[str], out: Path,
     unless ``targets`` are given), with the word alignment ``align`` would extract (``options``) and, with
     ``gold``, each sentence's AER, written as one self-contained HTML page (``explorer.write_explorer``).
     With ``attribution`` (``attribute_corpus`` of the same pairs), the page shows its source and prefix
-    shares too (kinds ``attribution`` and ``attribution_prefix``: one layer of one head).
+    shares too (kinds ``attribution`` and ``attribution_prefix``, or ``alti`` and ``alti_prefix``: one layer
+    of one head), with each prediction's source share as a line.
     Sentences are numbered from 1 in input order; an empty line is left out."""
     if targets is None:
         targets = translator.best(sources)
@@ -97,25 +102,42 @@ def explore(translator: Translator, sources: Sequence[str], out: Path,
     return Explored(len(page), write_explorer(out, page, title), list(targets))
 
 
+# Kinds computed from every attention of a pair (``rollout.py``).
+RELEVANCE = {"rollout": rollout, "flow": flow}
+
+
 def explorer_sentences(translator: Translator, sources: Sequence[str], targets: Sequence[str],
                        kinds: Sequence[str] = ("cross",), options: AlignOptions = AlignOptions(),
                        gold: Gold | None = None,
                        attribution: Attributed | None = None) -> list[ExplorerSentence]:
     """What ``explore`` draws, one ``ExplorerSentence`` per pair that has pieces on both sides (numbered from
-    1 in input order), for a page or for ``attnmt serve``'s ``/attention``."""
+    1 in input order), for a page or for ``attnmt serve``'s ``/attention``. ``kinds``: attention kinds, and
+    ``rollout`` or ``flow`` (a Transformer's; each adds its source and prefix kinds and its share line)."""
     tokenizer = translator.tokenizer
     src_ids, src_groups, tgt_ids, tgt_groups = word_pieces(translator, sources, targets, gold)
     pairs = [i for i in range(len(sources)) if src_ids[i] and tgt_ids[i]]
+    relevance = [k for k in kinds if k in RELEVANCE]
+    attention = [k for k in kinds if k not in RELEVANCE]
+    read = ["cross", "enc_self", "dec_self"] if relevance else attention
     maps = teacher_forced_attention(translator.model, [src_ids[i] for i in pairs],
                                     [tgt_ids[i] for i in pairs], translator.device,
-                                    translator.decode.max_tokens, list(kinds))
+                                    translator.decode.max_tokens, read)
+    shares: list[dict] = [{} for _ in maps]
+    for name in relevance:
+        for pair_maps, pair_shares in zip(maps, shares):
+            source, prefix = RELEVANCE[name](pair_maps["enc_self"], pair_maps["dec_self"], pair_maps["cross"])
+            pair_maps.update({name: [source[None]], name + "_prefix": [prefix[None]]})
+            pair_shares[name] = source.sum(1)
     if attribution is not None:
-        kinds = [*kinds, "attribution", "attribution_prefix"]
-        for i, pair_maps in zip(pairs, maps):
+        name = "alti" if attribution.method == "alti" else "attribution"
+        relevance.append(name)
+        for i, pair_maps, pair_shares in zip(pairs, maps, shares):
             found = attribution.found[i]
-            pair_maps.update(attribution=[found.source[None]], attribution_prefix=[found.prefix[None]])
+            pair_maps.update({name: [found.source[None]], name + "_prefix": [found.prefix[None]]})
+            pair_shares[name] = found.source.sum(1)
+    kinds = [*attention, *(k + end for k in relevance for end in ("", "_prefix"))]
     page = []
-    for i, pair_maps in zip(pairs, maps):
+    for i, pair_maps, pair_shares in zip(pairs, maps, shares):
         src, tgt = tokenizer.src_pieces(src_ids[i]), tokenizer.tgt_pieces(tgt_ids[i])
         links = read_links(pair_maps["cross"], src_groups[i], tgt_groups[i], options)
         sure, possible, aer = None, None, None
@@ -126,5 +148,5 @@ def explorer_sentences(translator: Translator, sources: Sequence[str], targets: 
         page.append(ExplorerSentence(i + 1, src + ["</s>"], tgt + ["</s>"], ["<s>"] + tgt,
                                      {kind: pair_maps[kind] for kind in kinds}, links, sure, possible, aer,
                                      _page_words(sources[i], src_groups[i], len(src)),
-                                     _page_words(targets[i], tgt_groups[i], len(tgt))))
+                                     _page_words(targets[i], tgt_groups[i], len(tgt)), pair_shares))
     return page

@@ -246,6 +246,40 @@
     area.replaceChildren(box);
   }
 
+  // The source share of each prediction (ALTI+, a gradient attribution, rollout, flow) as a line over the
+  // target pieces: where it falls, the model predicts from the prefix alone.
+  function drawShare(s) {
+    const box = $("explorer-share");
+    const name = state.kind.replace(/_prefix$/, "");
+    const values = (s.shares || {})[name];
+    box.hidden = !values;
+    if (!values) { box.replaceChildren(); return; }
+    const width = Math.max(values.length * PITCH, 120), height = 90, top = 8, span = height - 2 * top;
+    const svg = svgNode("svg", {id: "explorer-share-line", width: width + 40, height: height,
+                                viewBox: "0 0 " + (width + 40) + " " + height});
+    const x = (k) => 30 + k * PITCH + PITCH / 2, y = (v) => top + (1 - v) * span;
+    for (const v of [0, 0.5, 1]) {
+      svg.appendChild(svgNode("line", {class: "share-grid", x1: 30, x2: width + 30, y1: y(v), y2: y(v)}));
+      const tick = svgNode("text", {x: 0, y: y(v) + 4, class: "share-tick"});
+      tick.textContent = v.toFixed(1);
+      svg.appendChild(tick);
+    }
+    svg.appendChild(svgNode("polyline", {class: "share-polyline",
+      points: values.map((v, k) => x(k) + "," + y(v)).join(" ")}));
+    values.forEach((v, k) => {
+      const dot = svgNode("circle", {class: "share-point", cx: x(k), cy: y(v), r: 4});
+      dot.dataset.row = String(k);
+      dot.dataset.share = v.toFixed(4);
+      const title = svgNode("title", {});
+      title.textContent = s.tgt[k] + ": source share " + v.toFixed(3);
+      dot.appendChild(title);
+      svg.appendChild(dot);
+    });
+    const caption = el("div", "share-caption", DATA.kinds[name].replace(/: source$/, "")
+      + ": the source's share in each prediction");
+    box.replaceChildren(caption, svg);
+  }
+
   function drawLegend(marks) {
     const legend = $("explorer-legend");
     const counts = new Map();
@@ -286,6 +320,7 @@
       + ": " + (lines ? "keys (left): " : "columns (keys): ") + names[view.colSide] + " " + unit
       + "; " + (lines ? "queries (right): " : "rows (queries): ") + names[view.rowSide] + " " + unit;
     drawLegend(view.marks);
+    drawShare(view.s);
     $("explorer-tooltip").textContent = "";
     window.explorerDraws += 1;
     document.body.dataset.draws = String(window.explorerDraws);

@@ -109,7 +109,8 @@ def trained(tmp_path_factory):
     """Two runs of one small toy Transformer, unguided and guided, and the toy test files."""
     root = tmp_path_factory.mktemp("guided")
     runs = {}
-    for name, extra in (("plain", {}), ("guided", {"alignment": GUIDED})):
+    for name, extra in (("plain", {}), ("guided", {"alignment": GUIDED}),
+                        ("full", {"alignment": {**GUIDED, "full_context": True}})):
         run = root / name
         if runs:  # same data and tokenizer: reuse the prepared data
             first = runs["plain"]
@@ -128,6 +129,8 @@ def test_guided_training_aligns_better_than_unguided_and_records_dev_aer(trained
     runs, data = trained
     scores = {}
     for name, run in runs.items():
+        if name == "full":
+            continue
         result = invoke("align", run, "--src", data / "test.en", "--tgt", data / "test.de",
                         "--gold", data / "test.align", "--json")
         assert result.exit_code == 0, result.output
@@ -138,13 +141,28 @@ def test_guided_training_aligns_better_than_unguided_and_records_dev_aer(trained
     assert (scores["plain"]["layer"], scores["plain"]["heads"]) == ("avg", "all")
     assert scores["guided"]["aer"] < min(scores["plain"]["aer"] / 2, 0.03)
     # Validation scores the dev AER (the toy task has gold), and the guided loss is logged and falls.
-    for run in runs.values():
+    for run in (runs["plain"], runs["guided"]):
         valid = read_records(run, "valid")
         assert [r["step"] for r in valid] == [150, 300] and all(0 <= r["aer"] <= 1 for r in valid)
     assert valid[-1]["aer"] == pytest.approx(_dev_aer(runs["guided"]), abs=1e-6)
     logged = [r["align_loss"] for r in read_records(runs["guided"], "train")]
     assert logged[-1] < logged[0]
     assert all(r["align_loss"] is None for r in read_records(runs["plain"], "train"))
+
+
+def test_a_head_taught_in_the_full_context_pass_is_read_in_it(trained):
+    """On the toy task, a head taught where every target piece sees the whole target aligns as well as the
+    causally taught one, read so (align's default for it); ``--causal`` reads the other pass (on this
+    monotone task the taught head happens to align there too)."""
+    runs, data = trained
+    pair = ("--src", data / "test.en", "--tgt", data / "test.de", "--gold", data / "test.align", "--json")
+    full = json.loads(invoke("align", runs["full"], *pair).stdout)
+    causal_reading = json.loads(invoke("align", runs["full"], *pair, "--causal").stdout)
+    print(round(full["aer"], 4), round(causal_reading["aer"], 4))
+    assert full["full_context"] is True and causal_reading["full_context"] is False
+    assert full["aer"] < 0.03 and causal_reading["aer"] != full["aer"]
+    refused = invoke("align", runs["full"], *pair, "--full-context", "--from", "alti")
+    assert refused.exit_code == 2 and "--full-context chooses" in assert_one_error_line(refused.stderr)
 
 
 def _dev_aer(run) -> float:
@@ -171,6 +189,7 @@ def _dev_aer(run) -> float:
         ("head_too_many", 2, "train.alignment.heads: [3], but the model has 2"),
         ("no_path_for_a_real_corpus", 2, "train.alignment: path is required"),
         ("zero_weight", 2, "train.alignment.weight"),
+        ("full_context_lstm", 2, "train.alignment.full_context: full-context alignment needs model.arch"),
     ],
 )
 def test_bad_alignment_inputs_exit_with_one_error_line(tmp_path, case, code, needle):
@@ -187,11 +206,12 @@ def test_bad_alignment_inputs_exit_with_one_error_line(tmp_path, case, code, nee
     align.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     guided = {"path": str(tmp_path / "nope.align") if case == "missing_file" else str(align)}
     guided |= {"layer_too_deep": {"layer": 3}, "head_too_many": {"heads": [3]},
-               "zero_weight": {"weight": 0.0}}.get(case, {})
+               "zero_weight": {"weight": 0.0}, "full_context_lstm": {"full_context": True}}.get(case, {})
     if case == "no_path_for_a_real_corpus":
         guided = {"layer": 1}
     data = {"src_lang": "en", "tgt_lang": "de", "train": {"src": str(src), "tgt": str(tgt)}}
-    config = {**TINY, "data": data,
+    model = {"arch": "lstm", "emb_dim": 8, "hidden_size": 8} if case == "full_context_lstm" else TINY["model"]
+    config = {**TINY, "data": data, "model": model,
               "tokenizer": {"vocab_size": 20, "hard_vocab_limit": False},
               "train": {**TINY["train"], "max_steps": 1, "alignment": guided}}
     path = tmp_path / "config.yaml"
