@@ -14,12 +14,17 @@ Steps, each skipped when its result is already in ``--out`` (run it again to go 
    one Pharaoh line per line of the training corpus as read (what ``train.alignment.path`` expects);
    with ``--teacher eflomal``, ``scripts/eflomal_align.py`` writes it instead and step 2 is left out;
 4. ``OUT/guided``: ``attnmt train GUIDED --set train.alignment.path=OUT/train.align``;
-5. ``OUT/summary.json``: test BLEU and chrF of the forward and the guided model (``attnmt eval``, the
-   config's test split, else its dev split), the minutes each step took.
+5. ``OUT/guided_reverse``: the guided recipe the other way round (``OUT/guided_reverse.yaml``, written from
+   the guided run's resolved config), taught the same links turned round (``OUT/train.rev.align``); each
+   guided run folder then names the other in ``reverse.json``, so that ``attnmt align OUT/guided`` aligns
+   both ways and symmetrizes (grow-diag-final-and) unless told ``--one-way``;
+6. ``OUT/summary.json``: test BLEU and chrF of the forward, the guided and the reverse guided model
+   (``attnmt eval``, the config's test split, else its dev split, the reverse one read the other way), the
+   minutes each step took.
 
-``--minutes`` caps each of the three trainings (``train.max_minutes``), so the whole bootstrap takes a
-little over three times that (twice with eflomal as the teacher); ``--set KEY=VALUE`` goes to all three
-(the tests use it for a few steps).
+``--minutes`` caps each training (``train.max_minutes``), so the whole bootstrap takes a little over four
+times that (three times with eflomal as the teacher); ``--set KEY=VALUE`` goes to every training (the
+tests use it for a few steps).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import yaml
 from scriptargs import ConfigFile, Number, OutputFolder, ScriptParser, guarded, require_module
 
 from attnmt.errors import ConfigError
+from attnmt.insight.alignment import write_reverse
 
 REPO = Path(__file__).resolve().parents[1]
 ATTNMT = [sys.executable, "-m", "attnmt"]
@@ -69,8 +75,9 @@ def sides(cfg: dict, split: str) -> tuple[Path, Path] | None:
     return None if source is None else (Path(source["src"]), Path(source["tgt"]))
 
 
-def reverse_config(forward_cfg: dict, path: Path) -> Path:
-    """The forward run's resolved config with its direction swapped, written to ``path``."""
+def reverse_config(forward_cfg: dict, path: Path, alignment: Path | None = None) -> Path:
+    """The forward run's resolved config with its direction swapped, written to ``path``; guided by the
+    links in ``alignment`` (the forward run's ``train.alignment`` otherwise kept), else unguided."""
     cfg = json.loads(json.dumps(forward_cfg))
     data = cfg["data"]
     data["src_lang"], data["tgt_lang"] = data["tgt_lang"], data["src_lang"]
@@ -79,11 +86,25 @@ def reverse_config(forward_cfg: dict, path: Path) -> Path:
             data[split]["src"], data[split]["tgt"] = data[split]["tgt"], data[split]["src"]
     tokenizer = cfg.get("tokenizer", {})
     tokenizer["src_model"], tokenizer["tgt_model"] = tokenizer.get("tgt_model"), tokenizer.get("src_model")
-    cfg["train"]["alignment"] = None
+    guided = cfg["train"].get("alignment")
+    cfg["train"]["alignment"] = {**guided, "path": str(alignment)} if alignment and guided else None
     cfg["train"].pop("run_dir", None)
     cfg["train"].pop("init_from", None)
     path.write_text(yaml.safe_dump(cfg, sort_keys=False, allow_unicode=True), encoding="utf-8")
     return path
+
+
+def turn_links(path: Path, out: Path) -> Path:
+    """The Pharaoh file ``path`` with every link turned round (target word, source word), written to ``out``
+    once: the links the reverse guided model learns."""
+    from attnmt.data.readers import read_lines
+    from attnmt.insight.alignment import format_pharaoh, parse_pharaoh
+    from attnmt.runfiles import atomic_write_text
+
+    if not out.exists():
+        turned = (format_pharaoh((j, i) for i, j in parse_pharaoh(line)[0]) for line in read_lines(path))
+        atomic_write_text(out, "".join(line + "\n" for line in turned))
+    return out
 
 
 MARKER = "bootstrap_guided.json"  # in --out: the folder is the bootstrap's own
@@ -195,8 +216,15 @@ def main(argv: list[str] | None = None) -> None:
              "--reverse", reverse, "-o", links)
     step("guided", trained(guided), attnmt, "train", args.guided.resolve(), "--run-dir", guided,
          *[x for s in guided_overrides(args) for x in ("--set", s)])
+    back, turned = out / "guided_reverse", turn_links(links, out / "train.rev.align")
+    guided_cfg = yaml.safe_load((guided / "config.yaml").read_text(encoding="utf-8"))
+    step("guided_reverse", trained(back), attnmt, "train",
+         reverse_config(guided_cfg, out / "guided_reverse.yaml", turned), "--run-dir", back, *sets)
+    write_reverse(guided, back)
+    write_reverse(back, guided)
     test = sides(cfg, "test") or sides(cfg, "dev")
-    summary = {"forward": scores(forward, test), "guided": scores(guided, test), "test": str(test[0]),
+    summary = {"forward": scores(forward, test), "guided": scores(guided, test),
+               "guided_reverse": scores(back, test[::-1]), "test": str(test[0]),
                "teacher": args.teacher, "alignments": str(links), "minutes": minutes}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     print(json.dumps(summary, indent=2))

@@ -247,6 +247,17 @@ def test_align_heads_shift_and_reverse_symmetrization(toy, tmp_path):
     assert any(i != u for i, u in zip(inter, union))
     scored = invoke("align", runs["transformer"], *common, "--gold", files["align"], *backward, "--json")
     assert json.loads(scored.stdout)["symmetrize"] == "grow-diag-final-and"
+    # A run folder that names its reverse model (reverse.json, as the bootstrap writes) aligns both ways.
+    from attnmt.insight.alignment import write_reverse
+
+    named = tmp_path / "named"
+    shutil.copytree(runs["transformer"], named, ignore=shutil.ignore_patterns("*.lock"))
+    write_reverse(named, runs["reverse"])
+    both = invoke("align", named, *common, "--method", "argmax")
+    assert both.exit_code == 0 and "aligning both ways" in both.stderr
+    assert [set(parse_pharaoh(line)[0]) for line in both.stdout.splitlines()] == grown
+    one_way = invoke("align", named, *common, "--method", "argmax", "--one-way")
+    assert [set(parse_pharaoh(line)[0]) for line in one_way.stdout.splitlines()] == plain
 
 
 def _page_data(path) -> list[dict]:
@@ -382,6 +393,47 @@ def test_attribute_writes_shares_per_target_piece_and_the_page_shows_them(toy, t
     assert set(data[0]["maps"]) == {"cross", "attribution", "attribution_prefix"}
     assert data[0]["maps"]["attribution"]["heads"] == 1
     assert data[0]["maps"]["attribution_prefix"]["cols"] == len(data[0]["tgt_in"])
+
+
+def test_alti_writes_distributions_and_the_page_draws_them_with_the_source_share(toy, tmp_path):
+    runs, files = toy
+    pair = ("--src", files["en"], "--tgt", files["de"])
+    result = invoke("attribute", runs["transformer"], *pair, "--method", "alti", "--limit", 3)
+    assert result.exit_code == 0, result.output
+    for r in map(json.loads, result.stdout.splitlines()):
+        source, prefix = np.array(r["source"]), np.array(r["prefix"])
+        assert r["method"] == "alti" and (source >= 0).all() and (prefix >= 0).all()
+        np.testing.assert_allclose(source.sum(1) + prefix.sum(1), 1.0, atol=1e-5)
+        np.testing.assert_allclose(r["source_share"], source.sum(1), atol=1e-5)
+        assert not np.triu(prefix, 1).any()
+    page = tmp_path / "alti.html"
+    assert invoke("attribute", runs["transformer"], *pair, "--method", "alti", "--limit", 2,
+                  "--html", page).exit_code == 0
+    data = _page_data(page)
+    assert set(data[0]["maps"]) == {"cross", "alti", "alti_prefix"}
+    assert list(data[0]["shares"]) == ["alti"] and len(data[0]["shares"]["alti"]) == len(data[0]["tgt"])
+    # rollout and flow: the page's other views of what a prediction owes its inputs
+    page = tmp_path / "rollout.html"
+    result = invoke("plot", runs["transformer"], "--input", files["en"], "--tgt", files["de"], "--html", page,
+                    "--rollout", "--flow", "--limit", 2)
+    assert result.exit_code == 0, result.output
+    data = _page_data(page)
+    assert set(data[0]["maps"]) == {"cross", "rollout", "rollout_prefix", "flow", "flow_prefix"}
+    assert set(data[0]["shares"]) == {"rollout", "flow"}
+    refused = invoke("plot", runs["lstm"], "a", "--html", tmp_path / "x.html", "--rollout")
+    assert refused.exit_code == 2 and "--rollout: a lstm model" in assert_one_error_line(refused.stderr)
+
+
+def test_alti_links_align_about_as_well_as_attention(toy):
+    """The issue's goal on the toy task: links read off ALTI+'s source shares within 2 points of AER of
+    the cross-attention's (every layer and head averaged)."""
+    runs, files = toy
+    pair = ("--src", files["en"], "--tgt", files["de"], "--gold", files["align"], "--json")
+    alti = json.loads(invoke("align", runs["transformer"], *pair, "--from", "alti").stdout)
+    attention = json.loads(invoke("align", runs["transformer"], *pair).stdout)
+    print(f"toy AER: ALTI+ {alti['aer']:.4f}, attention {attention['aer']:.4f}")
+    assert alti["from"] == "alti" and alti["sentences"] == TOY_TEST
+    assert alti["aer"] <= attention["aer"] + 0.02
 
 
 def test_align_from_a_gradient_attribution_beats_the_diagonal(toy, tmp_path):

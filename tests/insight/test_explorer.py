@@ -223,6 +223,9 @@ def test_bad_input_names_the_sentence():
     s = sentence(rng, 13, GERMAN, ENGLISH, links=[(0, 0), (5, 1)])
     with pytest.raises(ValueError, match=r"sentence 13: links link 5-1 is outside the pair \(5 source words"):
         explorer_html([s])
+    s = sentence(rng, 14, GERMAN, ENGLISH, shares={"alti": [0.5] * (len(ENGLISH) - 1)})
+    with pytest.raises(ValueError, match=r"sentence 14: shares of 'alti': \d+ values for \d+ target pieces"):
+        explorer_html([s])
 
 
 def test_the_module_needs_no_torch():
@@ -456,10 +459,17 @@ def test_the_attribution_views_draw_their_own_axes(browser, tmp_path):
     total /= total.sum(1, keepdims=True)
     s.maps["attribution"] = [total[None, :, :len(src)]]
     s.maps["attribution_prefix"] = [total[None, :, len(src):]]
+    s.shares = {"attribution": total[:, :len(src)].sum(1)}
     path = tmp_path / "attribution.html"
     write_explorer(path, [s])
     open_page(browser, path.as_uri())
     assert option_values(browser, "kind") == ["cross", "attribution", "attribution_prefix"]
+    share_points = ("return document.getElementById('explorer-share').hidden ? null : [...document"
+                    ".querySelectorAll('#explorer-share-line .share-point')].map((p) => Number(p.dataset.share))")
+    assert browser.execute_script(share_points) is None  # cross-attention has no share line
+    for kind in ("attribution", "attribution_prefix"):  # both views show the source's share
+        choose(browser, "kind", kind)
+        np.testing.assert_allclose(browser.execute_script(share_points), total[:, :len(src)].sum(1), atol=1e-4)
     for kind, expected in (("attribution", total[:, :len(src)]), ("attribution_prefix", total[:, len(src):])):
         choose(browser, "kind", kind)
         assert option_values(browser, "head") == ["avg", "0"]

@@ -106,6 +106,19 @@ def test_bootstrap_trains_aligns_both_ways_and_trains_guided(tmp_path, bootstrap
     assert any("align_loss" in r for r in records if r.get("event") == "train")
     resolved = yaml.safe_load((out / "guided" / "config.yaml").read_text(encoding="utf-8"))
     assert resolved["train"]["alignment"]["path"] == str(out / "train.align")
+    # The guided model the other way round, taught the same links turned round; each names the other.
+    back = yaml.safe_load((out / "guided_reverse" / "config.yaml").read_text(encoding="utf-8"))
+    assert (back["data"]["src_lang"], back["data"]["tgt_lang"]) == ("de", "en")
+    assert back["train"]["alignment"]["path"] == str(out / "train.rev.align")
+    turned = (out / "train.rev.align").read_text(encoding="utf-8").splitlines()
+    assert [parse_pharaoh(x)[0] for x in turned] == [{(j, i) for i, j in parse_pharaoh(x)[0]} for x in links]
+    assert set(summary["guided_reverse"]) == {"bleu", "chrf"}
+    for run, other in (("guided", "guided_reverse"), ("guided_reverse", "guided")):
+        named = json.loads((out / run / "reverse.json").read_text(encoding="utf-8"))["model"]
+        assert (out / run / named).resolve() == (out / other).resolve()
+    both = CliRunner().invoke(app, ["align", str(out / "guided"), "--src", str(data / "test.en"), "--tgt",
+                                    str(data / "test.de")])
+    assert both.exit_code == 0 and "aligning both ways" in both.stderr
     # Run again: every step is found done and nothing is trained again.
     code, again, err = bootstrap(*command)
     assert code == 0 and "bootstrap:" not in again, err
@@ -117,7 +130,8 @@ def test_bootstrap_with_eflomal_as_the_teacher(tmp_path, bootstrap):
     code, _, err = bootstrap(*start, "--out", str(out), "--teacher", "eflomal")
     assert code == 0, err
     summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
-    assert summary["teacher"] == "eflomal" and set(summary["minutes"]) == {"forward", "align", "guided"}
+    assert summary["teacher"] == "eflomal"
+    assert set(summary["minutes"]) == {"forward", "align", "guided", "guided_reverse"}
     assert not (out / "reverse").exists()
     # eflomal's links on the toy corpus: one line per line, close to the gold (a tiny model's would not be).
     predicted = [parse_pharaoh(x)[0] for x in (out / "train.align").read_text(encoding="utf-8").splitlines()]
