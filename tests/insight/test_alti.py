@@ -83,7 +83,7 @@ def test_without_residual_and_with_equal_values_alti_is_the_attention():
     for layer in model.decoder:
         block = tracer.blocks[id(layer.sub_cross)]
         block.attended = tracer.memory
-        terms = alti.decompose(block, layer.cross_attn, layer.sub_cross.norm, True, residual=False)  # (T, S, D)
+        terms = alti.decompose(block, layer.cross_attn, layer.sub_cross.norm, True, residual=False)
         found = alti.block_contributions(terms, terms.sum(1))
         torch.testing.assert_close(found, block.weights[0], atol=1e-12, rtol=1e-12)
 

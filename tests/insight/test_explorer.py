@@ -465,11 +465,13 @@ def test_the_attribution_views_draw_their_own_axes(browser, tmp_path):
     open_page(browser, path.as_uri())
     assert option_values(browser, "kind") == ["cross", "attribution", "attribution_prefix"]
     share_points = ("return document.getElementById('explorer-share').hidden ? null : [...document"
-                    ".querySelectorAll('#explorer-share-line .share-point')].map((p) => Number(p.dataset.share))")
+                    ".querySelectorAll('#explorer-share-line .share-point')]"
+                    ".map((p) => Number(p.dataset.share))")
     assert browser.execute_script(share_points) is None  # cross-attention has no share line
     for kind in ("attribution", "attribution_prefix"):  # both views show the source's share
         choose(browser, "kind", kind)
-        np.testing.assert_allclose(browser.execute_script(share_points), total[:, :len(src)].sum(1), atol=1e-4)
+        drawn = browser.execute_script(share_points)
+        np.testing.assert_allclose(drawn, total[:, :len(src)].sum(1), atol=1e-4)
     for kind, expected in (("attribution", total[:, :len(src)]), ("attribution_prefix", total[:, len(src):])):
         choose(browser, "kind", kind)
         assert option_values(browser, "head") == ["avg", "0"]

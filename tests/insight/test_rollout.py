@@ -24,7 +24,7 @@ def pair(seed: int = 0, S: int = 5, T: int = 4, layers: int = 2):
 
 
 def test_rollout_of_identity_attentions_is_the_identity():
-    S = T = 4
+    S = 4
     eye = [np.eye(S)[None].repeat(2, 0) for _ in range(3)]
     np.testing.assert_allclose(ro.encoder_rollout(eye), np.eye(S))
     source, prefix = ro.rollout(eye, eye, eye)
