@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..data.batching import collate
+from ..data.batching import collate, token_batches
 from ..errors import ConfigError
 from .attribution import Attribution
 
@@ -59,14 +59,15 @@ class Block:
 
 
 def attention_terms(attention, attended: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """sum_h alpha^h_ij W_O^h (W_V^h a_j + b_V^h) for a ``MultiHeadAttention``: (T, S, D), in float64 (the
-    value projection in the module's own dtype)."""
+    """sum_h alpha^h_ij W_O^h (W_V^h a_j + b_V^h) for a ``MultiHeadAttention``: (T, S, D), in the module's
+    dtype."""
     H, dh = attention.n_heads, attention.d_head
     weight = attention.out_proj.weight
-    values = attention.v_proj(attended.to(weight.dtype)).double().unflatten(-1, (H, dh))  # (S, H, dh)
-    w_out = weight.double().unflatten(1, (H, dh))  # (D, H, dh)
-    moved = torch.einsum("shk,dhk->hsd", values, w_out)  # (H, S, D): each value through its head's W_O
-    return torch.einsum("hts,hsd->tsd", weights.double(), moved)
+    values = attention.v_proj(attended.to(weight.dtype)).unflatten(-1, (H, dh))  # (S, H, dh)
+    # each value through its own head's part of W_O: (S, H, D)
+    moved = torch.bmm(values.transpose(0, 1), weight.unflatten(1, (H, dh)).permute(1, 2, 0)).transpose(0, 1)
+    # terms[t, s] = sum_h alpha[h, t, s] moved[s, h]: one (T, H) x (H, D) product per source position
+    return torch.bmm(weights.to(weight.dtype).permute(2, 1, 0), moved).transpose(0, 1)
 
 
 def decompose(block: Block, attention, norm, pre_norm: bool, residual: bool = True) -> torch.Tensor:
@@ -75,22 +76,22 @@ def decompose(block: Block, attention, norm, pre_norm: bool, residual: bool = Tr
     with the standard deviation of their sum)."""
     terms = attention_terms(attention, block.attended, block.weights)  # (T, S, D)
     if residual:
-        terms = torch.cat([terms, block.x.double()[:, None, :]], dim=1)
+        terms = torch.cat([terms, block.x.to(terms.dtype)[:, None, :]], dim=1)
     if pre_norm:
         return terms
-    bias = attention.out_proj.bias.double() if attention.out_proj.bias is not None else 0.0
+    bias = attention.out_proj.bias if attention.out_proj.bias is not None else 0.0
     total = terms.sum(1) + bias  # (T, D): what the layer norm normalises
     std = torch.sqrt(total.var(-1, unbiased=False, keepdim=True) + norm.eps)  # (T, 1)
-    centred = terms - terms.mean(-1, keepdim=True)
-    scaled = centred / std[:, None, :]
-    return scaled * norm.weight.double() if norm.weight is not None else scaled
+    scaled = (terms - terms.mean(-1, keepdim=True)) / std[:, None, :]
+    return scaled * norm.weight if norm.weight is not None else scaled
 
 
 def layer_contributions(block: Block, attention, norm, pre_norm: bool) -> torch.Tensor:
     """(T, S + 1): the shares of the attended inputs and, last, of the residual in each output row. A row
     that no term comes near (a post-norm block whose layer-norm bias outweighs them all) keeps its own
     input: its residual takes it whole, so the composition loses no share."""
-    found = block_contributions(decompose(block, attention, norm, pre_norm), block.y.double())
+    terms = decompose(block, attention, norm, pre_norm)
+    found = block_contributions(terms.double(), block.y.to(terms.dtype).double())
     found[found.sum(-1) == 0, -1] = 1.0
     return found
 
@@ -115,13 +116,15 @@ def seq2seq_contributions(encoder: Sequence[torch.Tensor],
 
 
 class Tracer:
-    """While active, records the blocks of one forward pass of a ``TransformerModel`` (batch of one)."""
+    """While active, records the blocks of a ``TransformerModel``'s forward pass over a batch;
+    ``contributions`` composes one sentence's (its real positions cut out of the padded batch: padding gets
+    no attention)."""
 
     def __init__(self, model) -> None:
         self.model = model
         self.blocks: dict[int, Block] = {}
-        self.inputs: dict[int, torch.Tensor] = {}
         self.memory: torch.Tensor | None = None
+        self.encoder = {id(layer.sub_attn) for layer in model.encoder}
 
     def _sublayers(self):
         for layer in self.model.encoder:
@@ -137,31 +140,40 @@ class Tracer:
         return self
 
     def _memory(self, module, inputs, output) -> None:
-        self.memory = output[0]
+        self.memory = output
 
     def _block(self, kind: str) -> Callable:
         def hook(module, inputs, output) -> None:
-            x, (y, weights) = inputs[0][0], (output[0][0], output[1])
+            x, (y, weights) = inputs[0], output
             attended = (module.norm(x) if module.pre_norm else x) if kind == "self" else None
-            self.blocks[id(module)] = Block(x, attended, weights[0] if weights is not None else None, y)
+            self.blocks[id(module)] = Block(x, attended, weights, y)
         return hook
 
     def __exit__(self, *exc) -> None:
         for handle in self.handles:
             handle.remove()
 
-    def contributions(self) -> torch.Tensor:
-        """(T, S + T) from the recorded pass (``seq2seq_contributions``)."""
+    def block(self, sub, b: int, S: int, T: int) -> Block:
+        """Sentence ``b``'s part of a recorded block: S source and T target positions."""
+        found = self.blocks[id(sub)]
+        rows = S if id(sub) in self.encoder else T
+        attended = found.attended if found.attended is not None else self.memory
+        cols = S if found.attended is None or id(sub) in self.encoder else T
+        if found.weights is None or found.weights.shape[-1] != attended.shape[1]:
+            raise ConfigError("ALTI+ needs the attention weights over every input position; a linformer "
+                              "encoder (model.enc_kernel) attends over projections of them")
+        return Block(found.x[b, :rows], attended[b, :cols], found.weights[b, :, :rows, :cols],
+                     found.y[b, :rows])
+
+    def contributions(self, b: int = 0, S: int | None = None, T: int | None = None) -> torch.Tensor:
+        """(T, S + T) of sentence ``b`` of the recorded pass (``seq2seq_contributions``); S and T its
+        lengths (default: the batch's)."""
+        S = self.memory.shape[1] if S is None else S
+        T = self.blocks[id(self.model.decoder[0].sub_self)].y.shape[1] if T is None else T
         encoder, decoder, pending = [], [], None
         for sub, attention, kind in self._sublayers():
-            block = self.blocks[id(sub)]
-            if block.attended is None:
-                block.attended = self.memory
-            if block.weights is None or block.weights.shape[-1] != block.attended.shape[0]:
-                raise ConfigError("ALTI+ needs the attention weights over every input position; a linformer "
-                                  "encoder (model.enc_kernel) attends over projections of them")
-            found = layer_contributions(block, attention, sub.norm, sub.pre_norm)
-            if sub in [layer.sub_attn for layer in self.model.encoder]:
+            found = layer_contributions(self.block(sub, b, S, T), attention, sub.norm, sub.pre_norm)
+            if id(sub) in self.encoder:
                 encoder.append(found)
             elif kind == "self":
                 pending = found
@@ -170,36 +182,53 @@ class Tracer:
         return seq2seq_contributions(encoder, decoder)
 
 
+def _check(model) -> None:
+    if not hasattr(model, "decoder") or not hasattr(model, "enc_norm"):
+        raise ConfigError("ALTI+ reads a Transformer's blocks; this model has none (model.arch lstm?)")
+
+
 @torch.no_grad()
 def alti_pair(model, src: Sequence[int], tgt: Sequence[int], device="cpu") -> torch.Tensor:
     """ALTI+ of one sentence pair of piece ids (without EOS; ``collate`` adds it): (T, S + T) in float64."""
-    if not hasattr(model, "decoder") or not hasattr(model, "enc_norm"):
-        raise ConfigError("ALTI+ reads a Transformer's blocks; this model has none (model.arch lstm?)")
-    batch = collate([src], [tgt]).to(device)
+    return alti_batch(model, [src], [tgt], device)[0]
+
+
+@torch.no_grad()
+def alti_batch(model, src_ids: Sequence[Sequence[int]], tgt_ids: Sequence[Sequence[int]],
+               device="cpu") -> list[torch.Tensor]:
+    """ALTI+ of a batch of pairs from one forward pass: per pair (T, S + T) in float64."""
+    _check(model)
+    batch = collate(src_ids, tgt_ids).to(device)
     was_training = model.training
     model.eval()
     try:
         with Tracer(model) as tracer:
             model(batch, need_attention=True)
-        return tracer.contributions()
+        return [tracer.contributions(b, S, T) for b, (S, T) in
+                enumerate(zip(batch.src_lengths.tolist(), batch.tgt_lengths.tolist()))]
     finally:
         model.train(was_training)
 
 
-def alti_attribution(model, src: Sequence[int], tgt: Sequence[int], device="cpu") -> Attribution:
-    """One pair's ALTI+ as an ``Attribution``: source (T, S) and prefix (T, T) shares, each row summing to 1
-    over both."""
-    found = alti_pair(model, src, tgt, device).cpu().numpy()
-    S = len(src) + 1
-    return Attribution(found[:, :S], found[:, S:])
-
-
 def alti_pairs(model, src_ids: Sequence[Sequence[int]], tgt_ids: Sequence[Sequence[int]], device="cpu",
-               on_pair: Callable[[int], None] | None = None) -> list[Attribution]:
-    """``alti_attribution`` of each pair, one forward pass each."""
-    out = []
-    for src, tgt in zip(src_ids, tgt_ids):
-        out.append(alti_attribution(model, src, tgt, device))
+               on_pair: Callable[[int], None] | None = None, max_tokens: int = 4000) -> list[Attribution]:
+    """ALTI+ of each pair as an ``Attribution`` (source (T, S) and prefix (T, T) shares, each row summing to 1
+    over both), the pairs batched by length under ``max_tokens`` padded pieces: one forward pass a batch."""
+    _check(model)
+    order = sorted(range(len(src_ids)), key=lambda i: (len(src_ids[i]), len(tgt_ids[i])))
+    lengths = [max(len(s), len(t)) + 1 for s, t in zip(src_ids, tgt_ids)]
+    out: list[Attribution | None] = [None] * len(src_ids)
+    for chunk in token_batches(lengths, order, max_tokens):
+        found = alti_batch(model, [src_ids[i] for i in chunk], [tgt_ids[i] for i in chunk], device)
+        for i, shares in zip(chunk, found):
+            shares = shares.cpu().numpy()
+            S = len(src_ids[i]) + 1
+            out[i] = Attribution(shares[:, :S], shares[:, S:])
         if on_pair is not None:
-            on_pair(1)
+            on_pair(len(chunk))
     return out
+
+
+def alti_attribution(model, src: Sequence[int], tgt: Sequence[int], device="cpu") -> Attribution:
+    """One pair's ALTI+ as an ``Attribution``."""
+    return alti_pairs(model, [src], [tgt], device)[0]

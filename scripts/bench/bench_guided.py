@@ -26,7 +26,8 @@ Stages, each skipped where its result is already in ``--out`` (run it again to g
    (each target word's row spread evenly over its linked source words) read back by it.
 
 Everything lands in ``OUT/results.json``; ``--report`` prints it as Markdown tables. ``--smoke`` is CI's
-smoke run (the toy task as files stands in for Multi30k, the smallest model, 4 steps).
+smoke run, its numbers meaningless: the toy task as files in ``--data`` stands in for Multi30k, the
+recipes' smallest model, attnmt's commands in this process (``benchlib.in_process``).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: scriptargs and the tools
 
-from benchlib import REPO, smoke_settings
+from benchlib import IN_PROCESS, REPO, in_process, run_here, smoke_settings
 from eflomal_align import corpus_words
 from scriptargs import InputFolder, Number, OutputFolder, ScriptParser, guarded, require_module
 
@@ -122,9 +123,14 @@ def train(args, name: str, pairs: dict[str, tuple[Path, Path]]) -> None:
                *[x for s in sets for x in ("--set", s)]]
     print(f"train: {name} ({args.steps} steps)", flush=True)
     started = time.perf_counter()
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
-    if done.returncode != 0:
-        sys.exit(f"{name}: attnmt train failed:\n{done.stderr[-3000:]}")
+    if IN_PROCESS["on"]:  # --smoke: in this process (a child's start-up would cost more than its steps)
+        code, _ = run_here(command[3:], keep=False)
+        if code != 0:
+            sys.exit(f"{name}: attnmt train failed with exit code {code}")
+    else:
+        done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+        if done.returncode != 0:
+            sys.exit(f"{name}: attnmt train failed:\n{done.stderr[-3000:]}")
     (run / "done.json").write_text(json.dumps({"seconds": round(time.perf_counter() - started, 1)}) + "\n")
 
 
@@ -344,6 +350,7 @@ def main(argv: list[str] | None = None) -> None:
         print(report(json.loads((args.out / "results.json").read_text())))
         return
     require_module("eflomal", "the teacher is eflomal: pip install -e '.[align]'")
+    in_process(args.smoke)
     args.out.mkdir(parents=True, exist_ok=True)
     pairs = files(args.data, args.smoke)
     reference = teacher(args.out, pairs)

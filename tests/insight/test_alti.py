@@ -43,8 +43,7 @@ def test_each_block_is_the_sum_of_its_terms(norm):
     tracer = traced(model)
     checked = 0
     for sub, attention, _ in tracer._sublayers():
-        block = tracer.blocks[id(sub)]
-        block.attended = block.attended if block.attended is not None else tracer.memory
+        block = tracer.block(sub, 0, len(SRC) + 1, len(TGT) + 1)
         terms = alti.decompose(block, attention, sub.norm, sub.pre_norm)  # (T, J, D)
         bias = attention.out_proj.bias
         if sub.pre_norm:
@@ -81,11 +80,18 @@ def test_without_residual_and_with_equal_values_alti_is_the_attention():
             layer.cross_attn.out_proj.bias.zero_()
     tracer = traced(model)
     for layer in model.decoder:
-        block = tracer.blocks[id(layer.sub_cross)]
-        block.attended = tracer.memory
+        block = tracer.block(layer.sub_cross, 0, len(SRC) + 1, len(TGT) + 1)
         terms = alti.decompose(block, layer.cross_attn, layer.sub_cross.norm, True, residual=False)
         found = alti.block_contributions(terms, terms.sum(1))
         torch.testing.assert_close(found, block.weights[0], atol=1e-12, rtol=1e-12)
+
+
+def test_a_pair_gets_the_same_contributions_alone_and_in_a_padded_batch():
+    model = tiny(seed=5)
+    alone = alti.alti_pairs(model, [SRC[:2]], [TGT[:1]])[0]
+    batched = alti.alti_pairs(model, [SRC, SRC[:2], SRC[1:]], [TGT, TGT[:1], TGT[::-1]])[1]
+    torch.testing.assert_close(torch.from_numpy(batched.source), torch.from_numpy(alone.source))
+    torch.testing.assert_close(torch.from_numpy(batched.prefix), torch.from_numpy(alone.prefix))
 
 
 def test_a_decoder_that_cannot_see_the_source_gives_it_no_share():

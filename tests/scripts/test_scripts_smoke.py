@@ -174,6 +174,10 @@ def smoke_runs(w: World, tmp: Path) -> dict[str, list[Run]]:
             "| clients | requests |")],
         # --smoke: 200/20/20 toy pairs, the recipes' smallest model, one reading of each of the three models
         "bench_toy_align.py": [Run(["--smoke", "--out", tmp / "out"], "| recipe | reading | AER |")],
+        # --smoke: the toy task for Multi30k, the smallest model, 2 steps of the two runs symmetrised
+        "bench_guided.py": [Run(["--smoke", "--data", w.toy, "--out", tmp / "out", "--steps", 2, "--every", 2,
+                                 "--train-pairs", 10, "--variants", "full_w1", "reverse"],
+                                ("| run | dev BLEU |", "| full_w1 + reverse |"))],
         # --smoke: the Transformer recipe's smallest model, one timed step (the LSTM's child is the same
         # code); then the pieces, each once at tiny sizes
         "bench_train.py": [
