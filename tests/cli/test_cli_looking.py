@@ -462,6 +462,10 @@ def test_without_captum_attribution_says_how_to_install_it(toy, monkeypatch):
         assert "pip install 'attnmt[attribute]'" in assert_one_error_line(result.stderr)
     assert invoke("attribute", runs["lstm"], "--src", files["en"], "--method", "attention",
                   "--limit", 1).exit_code == 0  # attention needs no captum
+    assert invoke("attribute", runs["transformer"], "--src", files["en"], "--method", "alti",
+                  "--limit", 1).exit_code == 0  # nor does ALTI+
+    refused = invoke("attribute", runs["lstm"], "--src", files["en"], "--method", "alti", "--limit", 1)
+    assert refused.exit_code == 2 and "ALTI+ reads a Transformer" in assert_one_error_line(refused.stderr)
 
 
 # ------------------------------------------------------------------------------------- bad inputs
