@@ -257,7 +257,7 @@ def measure_run(args, name: str, pairs: dict, reference: dict[str, list]) -> dic
         for split in ("train", "test"):
             read = Pairs(checkpoint, *texts[split])
             scores[split] = f1(read.links(), reference[split])
-        found["steps"][step] = scores
+        found["steps"][str(step)] = scores  # as results.json keeps it
         print(f"measure: {name} step {step}: {scores}", flush=True)
     last = Pairs(checkpoints[-1], *texts["test"])
     found["readings"] = {label: f1(last.links(**changes), reference["test"])
