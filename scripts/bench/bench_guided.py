@@ -285,11 +285,12 @@ def measure(args, pairs: dict, reference: dict) -> dict:
     runs = results["runs"]
     test = reference["test"]
     if "full_w1" in runs and "reverse" in runs:
+        links = {name: [[tuple(link) for link in pair] for pair in runs[name]["test_links"]]
+                 for name in ("full_w1", "reverse")}  # JSON gives lists
         both = [sorted(symmetrize(f, r, "grow-diag-final-and"))
-                for f, r in zip(runs["full_w1"]["test_links"], runs["reverse"]["test_links"])]
-        results["symmetrised"] = {"full_w1 + reverse": f1(both, test),
-                                  "full_w1": f1(runs["full_w1"]["test_links"], test),
-                                  "reverse": f1(runs["reverse"]["test_links"], test)}
+                for f, r in zip(links["full_w1"], links["reverse"])]
+        results["symmetrised"] = {"full_w1 + reverse": f1(both, test), "full_w1": f1(links["full_w1"], test),
+                                  "reverse": f1(links["reverse"], test)}
     words = [(len(corpus_words_line(s)), len(corpus_words_line(t)))
              for s, t in zip(lines(pairs["test"][0]), lines(pairs["test"][1]))]
     results["ceilings"] = ceilings(test, [w[0] for w in words], [w[1] for w in words])
