@@ -16,7 +16,8 @@ Each attention block has a residual connection, so (as Abnar and Zuidema do) a b
   pieces and the decoder inputs (``rollout``).
 - **Flow** reads the same layered graph (a node per position per layer, edge capacities the mixing
   weights) as a flow network: a prediction's flow to an input is the maximum flow from the prediction's
-  node to that input's node (networkx's ``maximum_flow_value``, one problem per pair), and each row is
+  node to that input's node (networkx's Boykov-Kolmogorov on one residual network built once, one
+  problem per pair), and each row is
   normalised to sum to 1 (``flow``). It takes one max-flow problem per (prediction, input) pair, so it is
   far slower than rollout: use it on a few sentences.
 
@@ -100,8 +101,10 @@ def flow(enc_self: Sequence[np.ndarray], dec_self: Sequence[np.ndarray],
     """(source (T, S), prefix (T, T)): each prediction's maximum flow to each source piece and each decoder
     input, each row normalised to sum to 1 over both."""
     import networkx as nx
+    from networkx.algorithms.flow import boykov_kolmogorov, build_residual_network
 
     graph = _graph(enc_self, dec_self, cross)
+    residual = build_residual_network(graph, "capacity")  # built once; each problem resets its flows
     T, S = np.asarray(cross[0]).shape[-2:]
     Ld = len(dec_self)
     found = np.zeros((T, S + T))
@@ -111,7 +114,7 @@ def flow(enc_self: Sequence[np.ndarray], dec_self: Sequence[np.ndarray],
         for k in range(S + T):
             end = ("e", 0, k) if k < S else ("d", 0, k - S)
             if end in reach:
-                found[t, k] = nx.maximum_flow_value(graph, start, end)
+                found[t, k] = boykov_kolmogorov(graph, start, end, residual=residual).graph["flow_value"]
     total = found.sum(1, keepdims=True)
     found = np.divide(found, total, out=np.zeros_like(found), where=total > 0)
     return found[:, :S], found[:, S:]
