@@ -210,6 +210,9 @@ def align(model: ModelArg, src: opt.Src, tgt: opt.AlignTgt = None, gold: opt.Ali
         raise ConfigError(f"{flag} chooses which attention is read; --from {from_.value} reads no attention")
     if reverse is None and not one_way and calibrate_ is None:
         reverse = read_reverse(model)
+        if reverse is not None and not reverse.exists():
+            sys.stderr.write(f"warning: reverse.json names {reverse}, which is not there: aligning one way\n")
+            reverse = None
         if reverse is not None:
             sys.stderr.write(f"aligning both ways, with the reverse model {reverse} (reverse.json; --one-way "
                              "for one direction)\n")

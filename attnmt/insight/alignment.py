@@ -158,7 +158,7 @@ def run_folder(model: Path) -> Path | None:
 
 def read_reverse(model: Path) -> Path | None:
     """The reverse model a run folder names in ``reverse.json`` (``{"model": PATH}``, relative to the run
-    folder), when that model is there; None without one."""
+    folder), resolved, whether or not it is there; None without the file."""
     run = run_folder(model)
     path = run / REVERSE if run is not None else None
     if path is None or not path.is_file():
@@ -169,8 +169,7 @@ def read_reverse(model: Path) -> Path | None:
         raise DataError(f"{path}: not a reverse model record ({e.__class__.__name__}: {e})") from None
     if not isinstance(named, str):
         raise DataError(f"{path}: model must be a path, not {named!r}")
-    reverse = (run / named).resolve()
-    return reverse if reverse.exists() else None
+    return (run / named).resolve()
 
 
 def write_reverse(run: Path, reverse: Path) -> Path:

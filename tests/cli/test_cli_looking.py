@@ -258,6 +258,12 @@ def test_align_heads_shift_and_reverse_symmetrization(toy, tmp_path):
     assert [set(parse_pharaoh(line)[0]) for line in both.stdout.splitlines()] == grown
     one_way = invoke("align", named, *common, "--method", "argmax", "--one-way")
     assert [set(parse_pharaoh(line)[0]) for line in one_way.stdout.splitlines()] == plain
+    write_reverse(named, tmp_path / "gone")  # a reverse model that is not there: one way, said
+    missing = invoke("align", named, *common, "--method", "argmax")
+    assert missing.exit_code == 0 and "which is not there: aligning one way" in missing.stderr
+    (named / "reverse.json").write_text("[1]", encoding="utf-8")
+    broken = invoke("align", named, *common)
+    assert broken.exit_code != 0 and "not a reverse model record" in assert_one_error_line(broken.stderr)
 
 
 def _page_data(path) -> list[dict]:
