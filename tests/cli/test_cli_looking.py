@@ -421,7 +421,7 @@ def test_alti_writes_distributions_and_the_page_draws_them_with_the_source_share
     # rollout and flow: the page's other views of what a prediction owes its inputs
     page = tmp_path / "rollout.html"
     result = invoke("plot", runs["transformer"], "--input", files["en"], "--tgt", files["de"], "--html", page,
-                    "--rollout", "--flow", "--limit", 2)
+                    "--rollout", "--flow", "--limit", 1)
     assert result.exit_code == 0, result.output
     data = _page_data(page)
     assert set(data[0]["maps"]) == {"cross", "rollout", "rollout_prefix", "flow", "flow_prefix"}
