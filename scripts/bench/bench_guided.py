@@ -15,8 +15,8 @@ Stages, each skipped where its result is already in ``--out`` (run it again to g
    minute cap, so the runs compare at equal steps however busy the machine is), a checkpoint every
    ``--every`` steps kept, one validation at the end (dev BLEU, the recipe's beam):
    ``unguided`` (the de-en recipe), ``causal`` (the guided recipe: layer 2, head 1, weight 0.05),
-   ``causal_w1`` (weight 1.0), ``full`` (weight 0.05, ``train.alignment.full_context``), ``full_w1`` (full
-   context, weight 1.0), and
+   ``causal_w1`` (weight 1.0), ``full`` (weight 0.05, ``train.alignment.full_context``), ``full_w03`` and
+   ``full_w1`` (full context, weights 0.3 and 1.0), and
    ``reverse`` (``full_w1`` from English to German, the teacher's links turned round);
 3. ``measure``: per run and kept checkpoint, F1 of ``align``'s default reading against the teacher on
    the first ``--train-pairs`` training pairs and on the test split; for each run's last checkpoint, the
@@ -54,6 +54,7 @@ VARIANTS = {  # name -> (guided?, overrides, reversed?)
     "causal": (True, [], False),
     "causal_w1": (True, ["train.alignment.weight=1.0"], False),
     "full": (True, ["train.alignment.full_context=true"], False),
+    "full_w03": (True, ["train.alignment.full_context=true", "train.alignment.weight=0.3"], False),
     "full_w1": (True, ["train.alignment.full_context=true", "train.alignment.weight=1.0"], False),
     "reverse": (True, ["train.alignment.full_context=true", "train.alignment.weight=1.0"], True),
 }
