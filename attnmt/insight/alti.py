@@ -188,12 +188,6 @@ def _check(model) -> None:
 
 
 @torch.no_grad()
-def alti_pair(model, src: Sequence[int], tgt: Sequence[int], device="cpu") -> torch.Tensor:
-    """ALTI+ of one sentence pair of piece ids (without EOS; ``collate`` adds it): (T, S + T) in float64."""
-    return alti_batch(model, [src], [tgt], device)[0]
-
-
-@torch.no_grad()
 def alti_batch(model, src_ids: Sequence[Sequence[int]], tgt_ids: Sequence[Sequence[int]],
                device="cpu") -> list[torch.Tensor]:
     """ALTI+ of a batch of pairs from one forward pass: per pair (T, S + T) in float64."""

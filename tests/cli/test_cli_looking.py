@@ -431,8 +431,9 @@ def test_alti_writes_distributions_and_the_page_draws_them_with_the_source_share
 
 
 def test_alti_links_align_about_as_well_as_attention(toy):
-    """The issue's goal on the toy task: links read off ALTI+'s source shares within 2 points of AER of
-    the cross-attention's (every layer and head averaged)."""
+    """Links read off ALTI+'s source shares within 2 points of AER of the cross-attention's (every layer
+    and head averaged) on the fixture's briefly trained model. The issue's goal on the trained toy recipe
+    is measured in docs/tutorials/looking-inside.md (9.24% against 4.62%: missed there)."""
     runs, files = toy
     pair = ("--src", files["en"], "--tgt", files["de"], "--gold", files["align"], "--json")
     alti = json.loads(invoke("align", runs["transformer"], *pair, "--from", "alti").stdout)
