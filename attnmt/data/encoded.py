@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..config.jsonfile import read_json
 from ..errors import DataError
 from ..runfiles import atomic_write_text, replace_dir
 
@@ -259,7 +260,10 @@ def open_split(path: Path, name: str) -> EncodedSplit:
         raise DataError(f"{path}: no {META}: the encoded {name} split is incomplete; "
                         "run attnmt prepare again")
     try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        meta = read_json(meta_path, DataError)
+    except DataError as e:
+        raise DataError(f"{e}; run attnmt prepare again") from None
+    try:
         if meta.get("format") != FORMAT:
             raise ValueError(f"format {meta.get('format')!r}")
         rows, dtype = int(meta["rows"]), np.dtype(meta["ids_dtype"])

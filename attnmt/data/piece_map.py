@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from ..config.jsonfile import parse_json
 from ..config.specials import UNK_ID
 from ..errors import CheckpointError
 
@@ -37,11 +38,11 @@ class PieceMap:
     @classmethod
     def from_bytes(cls, data: bytes, where: str = PIECES_FILE) -> PieceMap:
         """Parse ``pieces.json``; a CheckpointError naming ``where`` when it is not one."""
+        raw = parse_json(data, where, CheckpointError)
         try:
-            raw = json.loads(data.decode("utf-8"))
             sides = [raw[k] for k in ("source", "target", "source_ids", "target_ids")]
-        except (UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
-            raise CheckpointError(f"{where}: not a piece map ({type(e).__name__})") from None
+        except KeyError as e:
+            raise CheckpointError(f"{where}: not a piece map (no {e.args[0]})") from None
         for k, pieces in zip(("source", "target"), sides[:2]):
             if not (isinstance(pieces, list) and len(pieces) > 4 and all(isinstance(p, str) for p in pieces)
                     and len(set(pieces)) == len(pieces)):

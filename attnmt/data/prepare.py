@@ -20,6 +20,7 @@ from pathlib import Path
 
 import yaml
 
+from ..config.jsonfile import read_json
 from ..config.schema import Config
 from ..errors import CheckpointError, ConfigError, DataError
 from ..runfiles import (
@@ -80,11 +81,9 @@ def obtain_tokenizer(cfg: Config, run: RunDir, train: Spooled) -> tuple[Tokenize
         return tokenizer, "loaded"
     meta_path = run.tokenizer / META_FILE
     if meta_path.exists():
-        try:
-            stored = json.loads(meta_path.read_text(encoding="utf-8")).get("settings", {})
-        except (OSError, ValueError) as e:
-            raise CheckpointError(f"{meta_path}: unreadable tokenizer metadata "
-                                  f"({type(e).__name__})") from None
+        stored = read_json(meta_path, CheckpointError).get("settings", {})
+        if not isinstance(stored, dict):
+            raise CheckpointError(f"{meta_path}: settings must be a JSON object")
         # A key that a tokenizer folder from an older attnmt does not record had its old default then.
         before = {k: stored.get(k, LEGACY_SETTINGS.get(k)) for k in settings}
         changed = [k for k, v in settings.items() if before[k] != v]

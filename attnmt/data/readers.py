@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import gzip
 import io
-import json
 import os
 import re
 import stat
@@ -25,6 +24,7 @@ from dataclasses import dataclass, field
 from itertools import zip_longest
 from pathlib import Path
 
+from ..config.jsonfile import parse_json
 from ..config.schema import HfSource, JsonlSource, Source, TextSource, ToySource, TsvSource
 from ..errors import DataError, os_error
 from .toy import toy_pairs, unsegmented
@@ -283,13 +283,7 @@ def _read_jsonl(source: JsonlSource, name: str) -> Iterator[RawPair]:
         if not text.strip():
             yield "", "", line, None
             continue
-        try:
-            record = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{source.path}:{line}: invalid JSON: {e.msg} at column {e.colno}") from None
-        except (ValueError, RecursionError) as e:  # an integer past int()'s 4300 digits; deep nesting
-            problem = "nested too deeply" if isinstance(e, RecursionError) else str(e).split(":")[0]
-            raise DataError(f"{source.path}:{line}: invalid JSON: {problem}") from None
+        record = parse_json(text, f"{source.path}:{line}", DataError, expect=None)
         where = f"{source.path}:{line}"
         yield _field(record, source.src_field, where), _field(record, source.tgt_field, where), line, None
 

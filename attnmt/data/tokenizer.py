@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from ..config.jsonfile import read_json
 from ..config.schema import TokenizerConfig
 from ..config.specials import BOS_ID, EOS_ID, PAD_ID, SPECIAL_PIECES, UNK_ID
 from ..errors import CheckpointError, DataError
@@ -310,12 +310,10 @@ def model_names(joint: bool, imported: bool = False) -> list[str]:
 def _read_meta(folder: Path) -> tuple[bool, dict]:
     """A tokenizer folder's ``tokenizer.json``: whether it is joint, and the sha256 of each model file."""
     meta_path = folder / META_FILE
+    meta = read_json(meta_path, CheckpointError, missing=f"not found (no tokenizer in {folder})")
     try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
         return bool(meta["joint"]), dict(meta["sha256"])
-    except FileNotFoundError:
-        raise CheckpointError(f"{meta_path}: not found (no tokenizer in {folder})") from None
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError) as e:
         raise CheckpointError(f"{meta_path}: unreadable tokenizer metadata ({type(e).__name__})") from None
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from ..config.jsonfile import read_json
 from ..config.schema import Config, config_from_dict
 from ..data.batching import token_batches
 from ..data.tokenizer import BOS_ID, EOS_ID, META_FILE, PAD_ID, UNK_ID, Tokenizer, load_tokenizer
@@ -202,12 +203,7 @@ def read_export(folder: Path) -> tuple[dict, Config, Tokenizer]:
             raise CheckpointError(f"{folder}: a CTranslate2 model that attnmt did not export (no "
                                   f"{EXPORT_MANIFEST}); attnmt reads the folders `attnmt export` writes")
         raise CheckpointError(f"{folder}: not an attnmt export (no {EXPORT_MANIFEST})")
-    try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-        if not isinstance(manifest, dict):
-            raise ValueError("not an object")
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"{manifest_path}: unreadable ({type(e).__name__})") from None
+    manifest = read_json(manifest_path, CheckpointError)
     if manifest.get("format") != FORMAT:
         raise CheckpointError(f"{manifest_path}: format is {manifest.get('format')!r}, expected {FORMAT!r}")
     if manifest.get("version") != VERSION:

@@ -8,7 +8,8 @@ of Och & Ney (2003, sec. 4): with sure links S, possible links P (P includes S) 
 precision = |A ∩ P| / |A|, recall = |A ∩ S| / |S|, AER = 1 - (|A ∩ S| + |A ∩ P|) / (|A| + |S|).
 
 Links are between words; which pieces make up a word, and attention merged from pieces into words, are
-``words.py``'s. Strings and numpy arrays only: no model code, no torch.
+``words.py``'s. Strings and numpy arrays only: no model code, no torch (but for ``reverse.json``'s check,
+which finds the checkpoint a run folder names before any model is loaded).
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ import itertools
 import json
 import os
 import re
+import zipfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from ..config.jsonfile import read_json
 from ..data.readers import read_lines
 from ..errors import DataError
 
@@ -130,14 +133,12 @@ def read_calibration(checkpoint: Path) -> tuple[int | None, tuple[int, ...] | No
     """The (layer, heads), 0-based, that ``align --calibrate`` stored for the run of ``checkpoint``; None
     when there is none."""
     path = calibration_file(checkpoint)
-    if path is None or not path.is_file():
+    if path is None or not os.path.lexists(path):
         return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        layer, heads = data["layer"], data["heads"]
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
-        raise DataError(f"{path}: not a reading that align --calibrate wrote "
-                        f"({e.__class__.__name__}: {e})") from None
+    data = read_json(path, DataError, dict, missing=None) or {}
+    if "layer" not in data or "heads" not in data:
+        raise DataError(f"{path}: not a reading that align --calibrate wrote (it has layer and heads)")
+    layer, heads = data["layer"], data["heads"]
     indices = heads if isinstance(heads, list) and heads else [-1]
     if not (layer is None or type(layer) is int and layer >= 0) or not (
             heads is None or all(type(h) is int and h >= 0 for h in indices)):
@@ -158,18 +159,51 @@ def run_folder(model: Path) -> Path | None:
 
 def read_reverse(model: Path) -> Path | None:
     """The reverse model a run folder names in ``reverse.json`` (``{"model": PATH}``, relative to the run
-    folder), resolved, whether or not it is there; None without the file."""
+    folder), resolved; None without the file, and the path as named when nothing is there (``align`` then
+    aligns one way, with a warning). Anything else wrong with it is one DataError naming ``reverse.json``,
+    found before any model is loaded: not a JSON object (``config/jsonfile.py``), a path with a NUL byte,
+    a pipe or a device, the run itself, a folder or file that holds no checkpoint, or a run that does not
+    translate the other way (from the two runs' ``config.yaml``)."""
     run = run_folder(model)
     path = run / REVERSE if run is not None else None
-    if path is None or not path.is_file():
+    if path is None or not os.path.lexists(path):
         return None
+    record = read_json(path, DataError, None, missing=None)
+    named = record.get("model") if isinstance(record, dict) else record
+    if not isinstance(named, str) or not named:
+        raise DataError(f"{path}: not a reverse model record: expected {{\"model\": PATH}}, found "
+                        f"{str(named)[:40]!r}")
+    if "\0" in named:
+        raise DataError(f"{path}: not a reverse model record: its model path holds a NUL byte")
+    reverse = Path(os.path.realpath(run / named))
+    if reverse.exists():
+        _check_reverse(path, run, reverse)
+    return reverse
+
+
+def _check_reverse(path: Path, run: Path, reverse: Path) -> None:
+    from ..config.schema import load_config
+    from ..errors import AttnmtError
+    from ..models.checkpoint import resolve_model_path
+
+    fix = "fix it, or give --one-way"
+    there = run_folder(reverse)
+    if there is not None and os.path.realpath(there) == os.path.realpath(run):
+        raise DataError(f"{path}: names {reverse}, this run itself; it names the model trained the other "
+                        f"way: {fix}")
     try:
-        named = json.loads(path.read_text(encoding="utf-8"))["model"]
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
-        raise DataError(f"{path}: not a reverse model record ({e.__class__.__name__}: {e})") from None
-    if not isinstance(named, str):
-        raise DataError(f"{path}: model must be a path, not {named!r}")
-    return (run / named).resolve()
+        checkpoint = resolve_model_path(reverse)  # a pipe or a device, a folder that holds no checkpoint
+        if not zipfile.is_zipfile(checkpoint):  # what torch.save writes; read whole only later
+            raise DataError(f"{checkpoint}: not a checkpoint")
+        if there is None or not (there / "config.yaml").is_file() or not (run / "config.yaml").is_file():
+            return
+        pairs = [(c.data.src_lang, c.data.tgt_lang) for c in map(load_config, (run / "config.yaml",
+                                                                               there / "config.yaml"))]
+    except AttnmtError as e:
+        raise DataError(f"{path}: names {reverse}, which is not a model attnmt reads ({e}); {fix}") from None
+    if pairs[1] != pairs[0][::-1]:
+        raise DataError(f"{path}: names {reverse}, which translates {'->'.join(pairs[1])}; the reverse of "
+                        f"{'->'.join(pairs[0])} is {'->'.join(pairs[0][::-1])}: {fix}")
 
 
 def write_reverse(run: Path, reverse: Path) -> Path:

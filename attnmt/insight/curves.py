@@ -7,13 +7,13 @@ touches pyplot or ``rcParams``) and written through ``plot.save_figure`` / ``run
 from __future__ import annotations
 
 import io
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from ..config.jsonfile import read_json_lines
 from ..errors import ConfigError, DataError
 from ..runfiles import RunDir, atomic_write_bytes
 from .plot import FONT_SIZE, save_figure
@@ -22,16 +22,7 @@ from .plot import FONT_SIZE, save_figure
 def read_metrics(path: Path) -> list[dict]:
     """The records of a run's ``metrics.jsonl``; a line that is not a JSON object (say, a half-written
     last line of a live run) is skipped."""
-    records = []
-    with open(path, encoding="utf-8") as handle:
-        for line in handle:
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict):
-                records.append(record)
-    return records
+    return read_json_lines(path, DataError, skip_bad=True)
 
 
 def curves_figure(records: Sequence[dict], title: str = "") -> Figure:

@@ -36,6 +36,7 @@ import torch
 from torch.torch_version import TorchVersion
 
 from .. import __version__
+from ..config.jsonfile import parse_json, read_json, regular_bytes
 from ..errors import CheckpointError, ConfigError, DataError, DivergedError, ResourceError, os_error
 from ..runfiles import EXPORT_MANIFEST, RunDir, atomic_write_bytes, atomic_write_text, replace_file
 
@@ -102,11 +103,17 @@ def save_checkpoint(run: RunDir, payload: dict[str, Any], step: int,
 
 
 def read_pointer(run: RunDir, name: str) -> dict[str, Any]:
-    """``latest.json`` or ``best.json`` as a dict; {} when missing or unreadable."""
+    """``latest.json`` or ``best.json`` as a dict; {} when missing or not a pointer (the step files are the
+    truth: ``latest_checkpoint`` writes it again). A folder, a pipe or a device in its place is refused
+    (CheckpointError), never waited on."""
+    path = run.checkpoints / f"{name}.json"
     try:
-        data = json.loads((run.checkpoints / f"{name}.json").read_text(encoding="utf-8"))
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
+        return parse_json(regular_bytes(path, CheckpointError), str(path), CheckpointError)
+    except FileNotFoundError:
+        return {}
+    except CheckpointError:
+        if path.exists() and not path.is_file():
+            raise
         return {}
 
 
@@ -351,6 +358,7 @@ def load_model(model_path: Path, device: str | torch.device = "cpu"):
     from ..config.schema import config_from_dict
     from ..data.tokenizer import stored_tokenizer
     from . import build_model
+    from .footprint import build_within_memory
 
     path, payload = _load_resolved(model_path)
     try:
@@ -365,7 +373,8 @@ def load_model(model_path: Path, device: str | torch.device = "cpu"):
         raise CheckpointError(f"{path}: checkpoint has no usable tokenizer "
                               f"({type(e).__name__}: {e})") from None
     tokenizer = stored_tokenizer(files, expected, path)
-    model = build_model(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
+    model = build_within_memory(lambda: build_model(cfg.model, tokenizer.src_vocab_size,
+                                                    tokenizer.tgt_vocab_size), path, device)
     state = payload["model"]
     if not isinstance(state, dict) or not all(isinstance(t, torch.Tensor) for t in state.values()):
         raise CheckpointError(f"{path}: its weights are not a mapping of names to tensors")
@@ -412,12 +421,13 @@ def model_spec(target: Path, overrides: list[str] | None = None) -> ModelSpec:
                                   "sizes (fingerprint.tokenizer.src_vocab_size, tgt_vocab_size)")
         return ModelSpec(cfg, sizes["src_vocab_size"], sizes["tgt_vocab_size"], "the checkpoint's tokenizer")
     if target.is_dir() and (target / EXPORT_MANIFEST).is_file():  # attnmt export's folder
-        try:
-            manifest = json.loads((target / EXPORT_MANIFEST).read_text(encoding="utf-8"))
-            data, sizes = manifest["config"], manifest["tokenizer"]
-            src_size, tgt_size = int(sizes["src_vocab_size"]), int(sizes["tgt_vocab_size"])
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise CheckpointError(f"{target / EXPORT_MANIFEST}: unreadable ({type(e).__name__})") from None
+        manifest = read_json(target / EXPORT_MANIFEST, CheckpointError)
+        data, sizes = manifest.get("config"), manifest.get("tokenizer")
+        names = ("src_vocab_size", "tgt_vocab_size")
+        if not isinstance(sizes, dict) or not all(type(sizes.get(n)) is int and sizes[n] > 0 for n in names):
+            raise CheckpointError(f"{target / EXPORT_MANIFEST}: tokenizer.src_vocab_size and "
+                                  "tgt_vocab_size must be positive integers")
+        src_size, tgt_size = sizes["src_vocab_size"], sizes["tgt_vocab_size"]
         cfg = config_from_dict(data, source=f"{target / EXPORT_MANIFEST} (its config)",
                                overrides=overrides or [])
         return ModelSpec(cfg, src_size, tgt_size, "the export's tokenizer")

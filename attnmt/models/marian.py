@@ -14,8 +14,13 @@ no such row.
 
 from __future__ import annotations
 
-import torch
+from typing import Annotated, Literal
 
+import torch
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
+
+from ..config.describe import describe
+from ..config.model import Probability
 from ..data.piece_map import UNUSED, PieceMap
 from ..errors import CheckpointError
 
@@ -32,39 +37,78 @@ DECODER_LAYER = ([(f"self_attn.{a}", f"self_attn.{m}") for a, m in ATTENTION]
                     ("ffn.0", "fc1"), ("ffn.3", "fc2"), ("sub_ffn.norm", "final_layer_norm")])
 
 
+# Bounds on the sizes an imported config.json may give. Far past any OPUS-MT model (d_model 512 or 1024,
+# 6 to 12 layers, 8 or 16 heads, ffn 2048 or 4096, 512 positions): a value past them is a damaged or hostile
+# file, not a model. Each is also a memory bound: the sinusoid table that every load builds holds
+# max_position_embeddings x d_model floats (at these bounds 65,536 x 1,024 is 256 MiB; 2^31 would be 8 TiB),
+# and what the whole model needs is checked against the machine's memory too (``checkpoint.check_fits``).
+MAX_WIDTH = 1 << 16  # d_model, encoder_ffn_dim, decoder_ffn_dim
+MAX_LAYERS = 256  # encoder_layers, decoder_layers
+MAX_POSITIONS = 1 << 16  # max_position_embeddings: the longest sentence in pieces
+MAX_ID = (1 << 31) - 1  # pad_token_id, eos_token_id, decoder_start_token_id: int32 ids
+
+Width = Annotated[int, Field(strict=True, ge=1, le=MAX_WIDTH)]
+Layers = Annotated[int, Field(strict=True, ge=1, le=MAX_LAYERS)]
+TokenId = Annotated[int, Field(strict=True, ge=0, le=MAX_ID)]
+Flag = StrictBool | None  # None (null, or not there): the default
+
+
+class MarianConfig(BaseModel):
+    """The fields of a Marian ``config.json`` that the import reads, typed and bounded (the others are not
+    read)."""
+
+    model_config = ConfigDict(extra="ignore")
+    d_model: Width
+    encoder_layers: Layers
+    decoder_layers: Layers
+    encoder_attention_heads: Width
+    decoder_attention_heads: Width
+    encoder_ffn_dim: Width
+    decoder_ffn_dim: Width
+    max_position_embeddings: Annotated[int, Field(strict=True, ge=1, le=MAX_POSITIONS)]
+    activation_function: Literal["swish", "silu", "gelu", "relu"]
+    dropout: Probability = 0.1
+    attention_dropout: Probability = 0.0
+    scale_embedding: Flag = None
+    share_encoder_decoder_embeddings: Flag = None
+    tie_word_embeddings: Flag = None
+    normalize_before: Flag = None
+    add_final_layer_norm: Flag = None
+    normalize_embedding: Flag = None
+    pad_token_id: TokenId
+    eos_token_id: TokenId
+    decoder_start_token_id: TokenId
+
+
+def marian_config(hf: dict, where: str) -> MarianConfig:
+    """``hf`` (a ``config.json``) checked; a CheckpointError ``where: key: what is wrong`` otherwise."""
+    try:
+        return MarianConfig.model_validate(hf)
+    except ValidationError as e:
+        raise CheckpointError(describe(e, where, {}, [], MarianConfig)) from None
+
+
 def model_section(hf: dict, where: str) -> dict:
     """attnmt's ``model`` section for a Marian ``config.json`` (``hf``); a CheckpointError naming the key
-    that attnmt's Transformer cannot represent."""
-    def need(key: str, kind: type = int):
-        value = hf.get(key)
-        if type(value) is not kind:
-            what = "an integer" if kind is int else "true or false"
-            raise CheckpointError(f"{where}: {key} must be {what}, got {value!r}")
-        return value
-
+    that is missing, out of its bounds, or that attnmt's Transformer cannot represent."""
+    c = marian_config(hf, where)
     for a, b in (("encoder_attention_heads", "decoder_attention_heads"),
                  ("encoder_ffn_dim", "decoder_ffn_dim")):
-        if need(a) != need(b):
-            raise CheckpointError(f"{where}: {a} ({hf[a]}) differs from {b} ({hf[b]}); attnmt's Transformer "
-                                  "has one value for both")
-    act = hf.get("activation_function")
-    if act not in ACTIVATIONS:
-        raise CheckpointError(f"{where}: activation_function {act!r} is not one attnmt has "
-                              f"({', '.join(ACTIVATIONS)})")
-    if hf.get("normalize_before") or hf.get("add_final_layer_norm") or hf.get("normalize_embedding"):
+        if getattr(c, a) != getattr(c, b):
+            raise CheckpointError(f"{where}: {a} ({getattr(c, a)}) differs from {b} ({getattr(c, b)}); "
+                                  "attnmt's Transformer has one value for both")
+    if c.normalize_before or c.add_final_layer_norm or c.normalize_embedding:
         raise CheckpointError(f"{where}: a pre-norm Marian (normalize_before, add_final_layer_norm or "
                               "normalize_embedding) is not OPUS-MT's architecture; attnmt reads post-norm "
                               "ones")
-    share = bool(hf.get("share_encoder_decoder_embeddings", True))
     return {
-        "arch": "transformer", "d_model": need("d_model"), "n_heads": hf["encoder_attention_heads"],
-        "enc_layers": need("encoder_layers"), "dec_layers": need("decoder_layers"),
-        "d_ff": hf["encoder_ffn_dim"],
-        "dropout": float(hf.get("dropout", 0.1)), "attn_dropout": float(hf.get("attention_dropout", 0.0)),
-        "activation": ACTIVATIONS[act], "norm": "post", "positions": "sinusoidal_concat",
-        "max_positions": need("max_position_embeddings"), "scale_embeddings": bool(hf.get("scale_embedding")),
-        "share_embeddings": share, "tie_output": bool(hf.get("tie_word_embeddings", True)),
-        "output_bias": True,
+        "arch": "transformer", "d_model": c.d_model, "n_heads": c.encoder_attention_heads,
+        "enc_layers": c.encoder_layers, "dec_layers": c.decoder_layers, "d_ff": c.encoder_ffn_dim,
+        "dropout": c.dropout, "attn_dropout": c.attention_dropout,
+        "activation": ACTIVATIONS[c.activation_function], "norm": "post", "positions": "sinusoidal_concat",
+        "max_positions": c.max_position_embeddings, "scale_embeddings": bool(c.scale_embedding),
+        "share_embeddings": c.share_encoder_decoder_embeddings is not False,
+        "tie_output": c.tie_word_embeddings is not False, "output_bias": True,
     }
 
 

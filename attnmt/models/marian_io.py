@@ -18,14 +18,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import BaseModel, ConfigDict, StrictBool, ValidationError, field_validator
 
 from .. import __version__
+from ..config.describe import describe
+from ..config.jsonfile import read_json, regular_bytes
 from ..data.piece_map import PieceMap
 from ..data.tokenizer import Tokenizer
 from ..errors import CheckpointError, ConfigError
 from . import build_model
 from .checkpoint import FORMAT, bytes_tensor, fingerprint
-from .marian import model_section, to_attnmt, vocab_order
+from .footprint import check_fits
+from .marian import marian_config, model_section, to_attnmt, vocab_order
 
 HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 LANGUAGE_TOKEN = re.compile(r"^>>([A-Za-z][A-Za-z0-9_-]*)<<$")
@@ -34,7 +38,7 @@ LANGUAGE_TOKEN = re.compile(r"^>>([A-Za-z][A-Za-z0-9_-]*)<<$")
 @dataclass
 class MarianFolder:
     hf: dict  # config.json
-    tokenizer_config: dict
+    tokenizer_config: TokenizerConfig
     state: dict[str, torch.Tensor]
     source_spm: bytes
     target_spm: bytes
@@ -43,31 +47,43 @@ class MarianFolder:
 
 
 def _json(path: Path, required: bool = True) -> dict:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        if not required:
-            return {}
-        raise CheckpointError(f"{path}: missing (a Marian folder has config.json, model.safetensors or "
-                              "pytorch_model.bin, source.spm, target.spm, vocab.json)") from None
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise CheckpointError(f"{path}: unreadable JSON ({str(e).splitlines()[0][:120]})") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: not a JSON object")
-    return data
+    """A JSON object of the folder (``config/jsonfile.py``: a pipe or a device refused at once, deep
+    nesting and oversized numbers refused); {} for an optional file that is not there."""
+    missing = ("missing (a Marian folder has config.json, model.safetensors or pytorch_model.bin, "
+               "source.spm, target.spm, vocab.json)") if required else None
+    return read_json(path, CheckpointError, dict, missing) or {}
+
+
+class TokenizerConfig(BaseModel):
+    """The fields of ``tokenizer_config.json`` that the import reads (null or not there: the default)."""
+
+    model_config = ConfigDict(extra="ignore")
+    unk_token: str | None = None
+    eos_token: str | None = None
+    pad_token: str | None = None
+    source_lang: str | None = None
+    target_lang: str | None = None
+    separate_vocabs: StrictBool | None = None
+
+    @field_validator("unk_token", "eos_token", "pad_token", mode="before")
+    @classmethod
+    def _added_token(cls, value: object) -> object:
+        """An older ``save_pretrained`` writes a special token as an ``AddedToken``: its ``content``."""
+        return value.get("content") if isinstance(value, dict) else value
 
 
 def _bytes(path: Path) -> bytes:
     try:
-        return path.read_bytes()
+        return regular_bytes(path, CheckpointError)
     except FileNotFoundError:
         raise CheckpointError(f"{path}: missing (a Marian folder has source.spm and target.spm)") from None
-    except OSError as e:
-        raise CheckpointError(f"{path}: unreadable ({e.strerror})") from None
 
 
 def _weights(folder: Path) -> dict[str, torch.Tensor]:
     """The state dict from ``model.safetensors``, else ``pytorch_model.bin`` (weights only)."""
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        if (folder / name).exists() and not (folder / name).is_file():  # a pipe would block the reader
+            raise CheckpointError(f"{folder / name}: not a regular file (a folder, a pipe or a device)")
     path = folder / "model.safetensors"
     try:
         if path.is_file():
@@ -101,11 +117,19 @@ def read_folder(folder: Path) -> MarianFolder:
     if hf.get("model_type") != "marian":
         raise CheckpointError(f"{folder / 'config.json'}: model_type is {hf.get('model_type')!r}; attnmt "
                               "imports Marian models (OPUS-MT), model_type marian")
-    tc = _json(folder / "tokenizer_config.json", required=False)
+    marian_config(hf, str(folder / "config.json"))  # its fields checked before the weights are read
+    tc = _tokenizer_config(folder / "tokenizer_config.json")
     vocab = _vocab(folder / "vocab.json")
-    target_vocab = _vocab(folder / "target_vocab.json") if tc.get("separate_vocabs") else None
+    target_vocab = _vocab(folder / "target_vocab.json") if tc.separate_vocabs else None
     return MarianFolder(hf, tc, _weights(folder), _bytes(folder / "source.spm"),
                         _bytes(folder / "target.spm"), vocab, target_vocab)
+
+
+def _tokenizer_config(path: Path) -> TokenizerConfig:
+    try:
+        return TokenizerConfig.model_validate(_json(path, required=False))
+    except ValidationError as e:
+        raise CheckpointError(describe(e, str(path), {}, [], TokenizerConfig)) from None
 
 
 def _vocab(path: Path) -> dict[str, int]:
@@ -117,13 +141,9 @@ def _vocab(path: Path) -> dict[str, int]:
 
 def piece_map(m: MarianFolder, where: Path) -> PieceMap:
     """The attnmt order of both sides' vocabularies (``marian.vocab_order``)."""
-    tc, hf = m.tokenizer_config, m.hf
-    unk, eos, pad = (str(tc.get(k) or d) for k, d in (("unk_token", "<unk>"), ("eos_token", "</s>"),
-                                                       ("pad_token", "<pad>")))
-    ids = {k: hf.get(k) for k in ("pad_token_id", "eos_token_id", "decoder_start_token_id")}
-    if not all(type(v) is int for v in ids.values()):
-        raise CheckpointError(f"{where / 'config.json'}: pad_token_id, eos_token_id and "
-                              f"decoder_start_token_id must be integers, got {ids}")
+    tc, hf = m.tokenizer_config, marian_config(m.hf, str(where / "config.json"))
+    unk, eos, pad = tc.unk_token or "<unk>", tc.eos_token or "</s>", tc.pad_token or "<pad>"
+    ids = {k: getattr(hf, k) for k in ("pad_token_id", "eos_token_id", "decoder_start_token_id")}
     target = m.target_vocab or m.vocab
     name = where / ("target_vocab.json" if m.target_vocab else "vocab.json")
     if unk not in target:
@@ -145,8 +165,7 @@ def imported_config(m: MarianFolder, where: Path) -> dict:
     no training corpus."""
     tc = m.tokenizer_config
     codes = {match[1]: p for p in (m.target_vocab or m.vocab) if (match := LANGUAGE_TOKEN.match(p))}
-    data: dict[str, Any] = {"src_lang": str(tc.get("source_lang") or "src"),
-                            "tgt_lang": str(tc.get("target_lang") or "tgt")}
+    data: dict[str, Any] = {"src_lang": tc.source_lang or "src", "tgt_lang": tc.target_lang or "tgt"}
     if codes:
         data["target_tokens"] = dict(sorted(codes.items()))
     return {"model": model_section(m.hf, str(where / "config.json")), "data": data,
@@ -173,6 +192,7 @@ def import_marian(folder: Path) -> dict[str, Any]:
     state = to_attnmt(m.state, cfg.model, pieces, str(folder))
     with torch.device("meta"):  # names and shapes only: no weights drawn to be overwritten
         model = build_model(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
+    check_fits(model, folder / "config.json")  # what every load of the checkpoint will build
     try:
         model.load_state_dict(state, strict=True, assign=True)
     except RuntimeError as e:

@@ -12,9 +12,11 @@ from typing import Any
 
 import torch
 
+from ..config.jsonfile import read_json, read_json_lines
 from ..data.batching import load_split
 from ..decoding.metrics import corpus_scores
 from ..decoding.translator import DecodeOverrides, Translator
+from ..errors import DataError
 from ..insight.attention_maps import teacher_forced_attention
 from ..models.checkpoint import load_model
 from ..runfiles import RunDir, atomic_write_text
@@ -28,7 +30,7 @@ HEATMAP_SENTENCE = 0  # the dev sentence whose attention every variant shows
 def read_metrics(run: RunDir) -> dict[str, Any]:
     """From the run's ``metrics.jsonl``: steps, training minutes, the median training tokens/s, and the dev
     BLEU curve ``[[minutes, bleu, step], ...]``."""
-    records = [json.loads(line) for line in run.metrics.read_text(encoding="utf-8").splitlines() if line]
+    records = read_json_lines(run.metrics, DataError)
     train = [r for r in records if r["event"] == "train"]
     valid = [r for r in records if r["event"] == "valid" and not r.get("averaged")]
     speeds = [r["tokens_per_s"] for r in train]
@@ -96,7 +98,7 @@ def update_growth(path: Path, kernels: Sequence[str], lengths: Sequence[int],
                   say: Callable[[str], None] = print, repeats: int = 3) -> dict[str, Any]:
     """``growth.json`` with every kernel in ``kernels`` measured at ``lengths``: kernels it holds at the same
     lengths are kept, the others measured and added one at a time (the file rewritten after each)."""
-    stored = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    stored = read_json(path, DataError, missing=None) or {}
     if stored.get("lengths") != list(lengths) or stored.get("repeats") != repeats:
         stored = {}
     for kernel in kernels:

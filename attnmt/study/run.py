@@ -44,8 +44,9 @@ from pathlib import Path
 from typing import Any
 
 from ..children import popen
+from ..config.jsonfile import read_json
 from ..config.schema import Config, config_from_dict
-from ..errors import AttnmtError, ConfigError
+from ..errors import AttnmtError, ConfigError, DataError
 from ..models.checkpoint import canonical_hash
 from ..runfiles import RunDir, atomic_write_text
 
@@ -175,9 +176,10 @@ class Study:
                 "beam_size": self.beam_size}
 
     def results(self) -> dict[str, Any]:
-        if not self.results_file.is_file():
-            return {"variants": {}}
-        return json.loads(self.results_file.read_text(encoding="utf-8"))
+        results = read_json(self.results_file, DataError, missing=None) or {"variants": {}}
+        if not isinstance(results.get("variants"), dict):
+            raise DataError(f"{self.results_file}: variants must be a JSON object; give a new --out")
+        return results
 
     def save_results(self, results: dict[str, Any]) -> None:
         atomic_write_text(self.results_file, json.dumps(results, indent=1, ensure_ascii=False) + "\n")
@@ -190,8 +192,8 @@ def open_study(study: Study) -> None:
     shown = os.path.abspath(study.root)
     if study.root.exists() and not study.root.is_dir():
         raise ConfigError(f"--out {shown}: is a file; give a new or empty folder for the study")
-    if marker.is_file():
-        stored = json.loads(marker.read_text(encoding="utf-8"))
+    if os.path.lexists(marker):
+        stored = read_json(marker, DataError)
         ours = study.settings()
         changed = [key for key in ours if stored.get(key) != ours[key]]
         if changed:

@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass
 from enum import Enum
 from typing import Any, ClassVar
 
+from ..config.jsonfile import parse_json, regular_bytes
+from ..errors import DataError
 from ..runfiles import RunDir, atomic_write_text
 
 log = logging.getLogger(__name__)
@@ -142,14 +144,13 @@ class MetricsLog:
         if not self.main or not self.run.metrics.exists():
             return
         kept = []
-        for raw in self.run.metrics.read_bytes().split(b"\n"):
+        for raw in regular_bytes(self.run.metrics, DataError).split(b"\n"):
             try:
-                line = raw.decode("utf-8")
-                record = json.loads(line)
-            except ValueError:  # UnicodeDecodeError is a ValueError too
+                record = parse_json(raw, str(self.run.metrics), DataError)
+            except DataError:  # not UTF-8, not JSON, not an object
                 continue
-            if isinstance(record, dict) and record.get("step", 0) <= step:
-                kept.append(line + "\n")
+            if isinstance(record.get("step", 0), (int, float)) and record.get("step", 0) <= step:
+                kept.append(raw.decode("utf-8") + "\n")
         atomic_write_text(self.run.metrics, "".join(kept))
 
     def close(self) -> None:

@@ -6,11 +6,11 @@ of the training pairs, and the subword sampler of the training pairs. ``train.Tr
 from __future__ import annotations
 
 import functools
-import json
 from pathlib import Path
 
 import torch
 
+from ..config.jsonfile import read_json
 from ..config.languages import bleu_tokenizer, missing_extra
 from ..config.schema import Config, load_config
 from ..data.batching import EncodedSplit, TokenBatchSampler
@@ -144,9 +144,9 @@ def guided_links(cfg: Config, run: RunDir, train_data: EncodedSplit,
     """``train.alignment``'s links of every training pair, in pieces, checked against the corpus; and the
     line that says how many pairs have them."""
     try:
-        stats = {s["name"]: s for s in json.loads(run.stats.read_text(encoding="utf-8"))}
+        stats = {s["name"]: s for s in read_json(run.stats, DataError, list)}
         read = int(stats["train"]["read"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (DataError, ValueError, KeyError, TypeError):
         raise DataError(f"{run.stats}: unreadable, or it lacks the training corpus's line count; "
                         "run attnmt prepare again") from None
     alignment = cfg.train.alignment
