@@ -19,6 +19,7 @@ then delete old checkpoints. Any failure leaves the previous checkpoint and poin
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -27,7 +28,6 @@ import os
 import re
 import zipfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ from .. import __version__
 from ..config.jsonfile import parse_json, read_json, regular_bytes
 from ..errors import CheckpointError, ConfigError, DataError, DivergedError, ResourceError, os_error
 from ..runfiles import EXPORT_MANIFEST, RunDir, atomic_write_bytes, atomic_write_text, replace_file
+from .footprint import ModelSpec
 
 log = logging.getLogger(__name__)
 
@@ -103,18 +104,15 @@ def save_checkpoint(run: RunDir, payload: dict[str, Any], step: int,
 
 
 def read_pointer(run: RunDir, name: str) -> dict[str, Any]:
-    """``latest.json`` or ``best.json`` as a dict; {} when missing or not a pointer (the step files are the
-    truth: ``latest_checkpoint`` writes it again). A folder, a pipe or a device in its place is refused
-    (CheckpointError), never waited on."""
+    """``latest.json`` or ``best.json`` as a dict; {} when missing or not a pointer (``latest_checkpoint``
+    writes it again from the step files); a pipe, a device or a folder in its place is refused at once."""
     path = run.checkpoints / f"{name}.json"
-    try:
-        return parse_json(regular_bytes(path, CheckpointError), str(path), CheckpointError)
-    except FileNotFoundError:
+    if not path.exists():
         return {}
-    except CheckpointError:
-        if path.exists() and not path.is_file():
-            raise
-        return {}
+    data = regular_bytes(path, CheckpointError)
+    with contextlib.suppress(CheckpointError):
+        return parse_json(data, str(path), CheckpointError)
+    return {}
 
 
 def write_pointer(run: RunDir, name: str, data: dict[str, Any]) -> None:
@@ -389,22 +387,27 @@ def load_model(model_path: Path, device: str | torch.device = "cpu"):
     return model.to(device).eval(), tokenizer, cfg, path
 
 
-@dataclass
-class ModelSpec:
-    """A model's config and vocabulary sizes, known without loading weights (``attnmt info``)."""
-
-    cfg: Any
-    src_vocab_size: int
-    tgt_vocab_size: int
-    origin: str  # where the sizes come from
-
-
 def model_spec(target: Path, overrides: list[str] | None = None) -> ModelSpec:
-    """The spec of a config file, a checkpoint or a run folder (its config and tokenizer)."""
+    """The spec of a config file, a checkpoint, an export or a run folder, checked to fit in memory."""
+    from . import build_model
+    from .footprint import fits_in_memory
+
+    spec = _spec(Path(target), overrides)
+    fits_in_memory(lambda: build_model(spec.cfg.model, spec.src_vocab_size, spec.tgt_vocab_size), target)
+    return spec
+
+
+def _vocab_sizes(sizes: Any, where: str) -> tuple[int, int]:
+    if not isinstance(sizes, dict) or not all(type(sizes.get(n)) is int and sizes[n] > 0
+                                              for n in ("src_vocab_size", "tgt_vocab_size")):
+        raise CheckpointError(f"{where}.src_vocab_size and tgt_vocab_size must be positive integers")
+    return sizes["src_vocab_size"], sizes["tgt_vocab_size"]
+
+
+def _spec(target: Path, overrides: list[str] | None) -> ModelSpec:
     from ..config.schema import config_from_dict, load_config
     from ..data.tokenizer import load_tokenizer
 
-    target = Path(target)
     if target.is_file() and target.suffix not in (".yaml", ".yml"):
         payload = load_checkpoint(target)
         try:  # as load_model: a stored config this attnmt cannot read is the checkpoint's fault (exit 4)
@@ -414,23 +417,15 @@ def model_spec(target: Path, overrides: list[str] | None = None) -> ModelSpec:
         if overrides:  # a bad --set stays a usage error (exit 2)
             cfg = config_from_dict(payload["config"], source=f"{target} (its config)", overrides=overrides)
         fingerprint = payload.get("fingerprint")
-        sizes = fingerprint.get("tokenizer") if isinstance(fingerprint, dict) else None
-        names = ("src_vocab_size", "tgt_vocab_size")
-        if not isinstance(sizes, dict) or not all(type(sizes.get(n)) is int and sizes[n] > 0 for n in names):
-            raise CheckpointError(f"{target}: checkpoint has no tokenizer fingerprint with its vocabulary "
-                                  "sizes (fingerprint.tokenizer.src_vocab_size, tgt_vocab_size)")
-        return ModelSpec(cfg, sizes["src_vocab_size"], sizes["tgt_vocab_size"], "the checkpoint's tokenizer")
-    if target.is_dir() and (target / EXPORT_MANIFEST).is_file():  # attnmt export's folder
+        sizes = _vocab_sizes(fingerprint.get("tokenizer") if isinstance(fingerprint, dict) else None,
+                             f"{target}: fingerprint.tokenizer")
+        return ModelSpec(cfg, *sizes, "the checkpoint's tokenizer")
+    if target.is_dir() and os.path.lexists(target / EXPORT_MANIFEST):  # attnmt export's folder
         manifest = read_json(target / EXPORT_MANIFEST, CheckpointError)
-        data, sizes = manifest.get("config"), manifest.get("tokenizer")
-        names = ("src_vocab_size", "tgt_vocab_size")
-        if not isinstance(sizes, dict) or not all(type(sizes.get(n)) is int and sizes[n] > 0 for n in names):
-            raise CheckpointError(f"{target / EXPORT_MANIFEST}: tokenizer.src_vocab_size and "
-                                  "tgt_vocab_size must be positive integers")
-        src_size, tgt_size = sizes["src_vocab_size"], sizes["tgt_vocab_size"]
-        cfg = config_from_dict(data, source=f"{target / EXPORT_MANIFEST} (its config)",
+        sizes = _vocab_sizes(manifest.get("tokenizer"), f"{target / EXPORT_MANIFEST}: tokenizer")
+        cfg = config_from_dict(manifest.get("config"), source=f"{target / EXPORT_MANIFEST} (its config)",
                                overrides=overrides or [])
-        return ModelSpec(cfg, src_size, tgt_size, "the export's tokenizer")
+        return ModelSpec(cfg, *sizes, "the export's tokenizer")
     if target.is_dir():
         run = RunDir(target)
         cfg = load_config(run.config, overrides or [])

@@ -1,6 +1,7 @@
 """What a model needs in memory, checked before it is built: a checkpoint (or an imported config.json) can
 describe a model larger than the machine, and building it would fail with the out-of-memory message meant
-for batches ("reduce the batch"), the wrong advice.
+for batches ("reduce the batch"), the wrong advice. ``ModelSpec``: a model known by its config and
+vocabulary sizes alone (``checkpoint.model_spec``, ``attnmt info``).
 
 The model is first built on the meta device (shapes only, nothing allocated); its parameters and buffers
 (the sinusoid table holds ``model.max_positions`` x ``d_model`` floats) are summed and compared with the
@@ -12,11 +13,24 @@ and the largest tensor.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from ..errors import ResourceError, is_out_of_memory
+
+
+@dataclass
+class ModelSpec:
+    """A model's config and vocabulary sizes, known without loading weights (``attnmt info``)."""
+
+    cfg: Any
+    src_vocab_size: int
+    tgt_vocab_size: int
+    origin: str  # where the sizes come from
+
 
 # Names of the tensors whose size a config key sets, for the message.
 CONFIG_KEYS = {"positions.table": "model.max_positions"}
@@ -82,15 +96,26 @@ def build_within_memory(build: Callable[[], torch.nn.Module], where: Path | str,
                         device: str | torch.device = "cpu") -> torch.nn.Module:
     """``build()`` on the CPU, after ``check_fits`` on the meta device (for the CPU, and for ``device``
     where the model goes next); running out of memory while building is said of the model too."""
-    with torch.device("meta"):
-        shapes = build()
-    for target in dict.fromkeys(["cpu", str(device)]):
-        check_fits(shapes, where, target)
+    shapes = fits_in_memory(build, where, device)
     try:
         return build()
     except Exception as e:  # MemoryError, or the CPU allocator's RuntimeError
         if not is_out_of_memory(e):
             raise
-        raise ResourceError(f"{where}: out of memory building the model it describes "
-                            f"({gib(model_bytes(shapes)[0])}); the model is too large for the memory free "
-                            "now, whatever the batch") from None
+        size = f" ({gib(model_bytes(shapes)[0])})" if shapes is not None else ""
+        raise ResourceError(f"{where}: out of memory building the model it describes{size}; the model is too "
+                            "large for the memory free now, whatever the batch") from None
+
+
+def fits_in_memory(build: Callable[[], torch.nn.Module], where: Path | str,
+                   device: str | torch.device = "cpu") -> torch.nn.Module | None:
+    """``check_fits`` of what ``build()`` makes on the meta device, for the CPU and for ``device``; returns
+    it. A model its config cannot make (ValueError) is left to the real build to say: None."""
+    try:
+        with torch.device("meta"):
+            shapes = build()
+    except ValueError:
+        return None
+    for target in dict.fromkeys(["cpu", str(device)]):
+        check_fits(shapes, where, target)
+    return shapes
