@@ -3,6 +3,7 @@ page that translates and shows the attention."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import functools
@@ -24,6 +25,10 @@ from .common import open_translator
 from .options import DeviceOpt, ModelArg
 
 EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
+# The bulk lane's decoder's niceness: beside the interactive decoder it waits anyway (it pauses before each
+# step while that one works); beside other processes it keeps a share of the cores, where Linux's idle
+# class, used before, kept none and its requests ran out of time.
+BULK_NICE = 10
 
 
 @command(inputs=("model",))
@@ -53,9 +58,17 @@ def serve(
                                              "per sentence (more: HTTP 413); their characters count "
                                              "against --max-chars together.")] = 8,
     max_request_seconds: Annotated[float, typer.Option("--max-request-seconds", min=0.01, max=3600,
-                                                       help="The time budget of a batch in a decoder: "
-                                                       "one that runs over is cut and its requests "
-                                                       "answered HTTP 503; the others go on.")] = 5.0,
+                                                       help="The budget of a batch in a decoder, in "
+                                                       "seconds of the decoder's own CPU time (other "
+                                                       "processes loading the machine slow a batch but "
+                                                       "do not count): one that runs over is cut and "
+                                                       "its requests answered HTTP 503; the others go "
+                                                       "on.")] = 5.0,
+    max_queue_seconds: Annotated[float, typer.Option("--max-queue-seconds", min=0.01, max=86_400,
+                                                     help="Refuse a request at once, HTTP 503 with "
+                                                     "Retry-After, while its lane's queue holds more work "
+                                                     "than the decoder is expected to serve in this many "
+                                                     "seconds (from its rate as measured now).")] = 30.0,
     bulk_above: Annotated[int, typer.Option("--bulk-above", min=0, max=2**31, help="Decode requests of "
                                             "more source and prefix pieces x beam rows than this in a "
                                             "second decoder of low priority, so that they never delay "
@@ -75,9 +88,11 @@ def serve(
     _needs_the_extra()
     from ..serve.limits import Limits
 
-    limits = Limits(max_sentences, max_chars, max_beam, max_phrases, max_request_seconds, bulk_above)
-    if not all(math.isfinite(x) for x in (max_wait_ms, grace, max_request_seconds)):
-        raise ConfigError("--max-wait-ms, --grace and --max-request-seconds take finite numbers")
+    limits = Limits(max_sentences, max_chars, max_beam, max_phrases, max_request_seconds, bulk_above,
+                    max_queue_seconds)
+    if not all(math.isfinite(x) for x in (max_wait_ms, grace, max_request_seconds, max_queue_seconds)):
+        raise ConfigError("--max-wait-ms, --grace, --max-request-seconds and --max-queue-seconds take finite "
+                          "numbers")
     translator, cfg, path = open_translator(model, device)
     if translator.decode.beam_size > max_beam:
         raise ConfigError(f"--max-beam {max_beam} is below the model's decode.beam_size "
@@ -140,7 +155,7 @@ def _run(sock, translator, cfg, path: Path, batching: tuple[int, float, int], li
     import uvicorn
 
     from ..serve.api import AccessLog, Served, page_html
-    from ..serve.server import create_app
+    from ..serve.server import create_app, json_error_h11
 
     info = {**_describe(translator, cfg, path), "decoder_threads": batching[2]}
     host, port = sock.getsockname()[:2]
@@ -171,7 +186,7 @@ def _run(sock, translator, cfg, path: Path, batching: tuple[int, float, int], li
                      f"{info['src_lang']}-{info['tgt_lang']})\n")
     sys.stderr.flush()
     config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=grace,
-                            lifespan="on", server_header=False)
+                            lifespan="on", server_header=False, http=json_error_h11())
     logging.getLogger("uvicorn.error").addFilter(_OwnShutdownLine())
     server = _Server(config)
     server.run(sockets=[sock])
@@ -190,20 +205,27 @@ def _run(sock, translator, cfg, path: Path, batching: tuple[int, float, int], li
 
 
 def _lanes(translator, path: Path, batching: tuple[int, float, int], limits) -> tuple:
-    """The interactive lane and, with ``limits.bulk_above``, the bulk lane: each a decoder process (the
-    bulk one at the lowest priority) and a batcher over it; both decoders load the model at once."""
+    """The interactive lane and, with ``limits.bulk_above``, the bulk lane: each a decoder process and a
+    batcher over it, the bulk one waiting before each step while the interactive one works and at a lower
+    priority (``BULK_NICE``); both decoders load the model at once. Each batcher's rate starts at what its
+    decoder measured on ``PROBE``."""
     from ..serve.batcher import Batcher, Lane, Lanes
-    from ..serve.decoder_process import DecoderProcess
+    from ..serve.decoder_process import PROBE, DecoderProcess
 
     opener = functools.partial(open_translator, path, Device(translator.device.type))
-    niceness = {"interactive": 0, "bulk": 19} if limits.bulk_above else {"interactive": 0}
-    decoders = {name: DecoderProcess(opener, batching[2], nice=nice, budget=limits.max_seconds)
-                for name, nice in niceness.items()}
-    for decoder in decoders.values():
-        decoder.wait_ready()
+    decoders = {"interactive": DecoderProcess(opener, batching[2], budget=limits.max_seconds,
+                                              busy=DecoderProcess.flag() if limits.bulk_above else None)}
+    if limits.bulk_above:
+        decoders["bulk"] = DecoderProcess(opener, batching[2], nice=BULK_NICE, budget=limits.max_seconds,
+                                          yield_to=decoders["interactive"].busy)
     measure = lambda lines: sum(len(ids) + 1 for ids in translator.tokenizer.encode_src(lines))  # noqa: E731
-    made = {name: Lane(name, Batcher(decoder.variant, measure, *batching[:2]), decoder.draw)
-            for name, decoder in decoders.items()}
+    probe = measure(PROBE) * translator.decode.beam_size
+    made = {}
+    for name, decoder in decoders.items():
+        rate = probe / max(decoder.wait_ready(), 1e-6)
+        batcher = Batcher(decoder.variant, measure, *batching[:2], max_queue_s=limits.max_queue_seconds,
+                          max_job_s=limits.max_seconds, rate=rate)
+        made[name] = Lane(name, batcher, decoder.draw)
     return Lanes(made["interactive"], made.get("bulk"), limits.bulk_above), list(decoders.values())
 
 
@@ -218,11 +240,18 @@ class _OwnShutdownLine(logging.Filter):
 def _server_class():
     import uvicorn
 
+    from ..serve.server import quiet_accept_errors
+
     class Server(uvicorn.Server):
         """uvicorn's server, but a signal that stopped it is not raised again on the way out (uvicorn
-        re-raises it, which would make a clean shutdown exit 143): the command decides the exit code."""
+        re-raises it, which would make a clean shutdown exit 143): the command decides the exit code; and
+        connections it cannot accept (too many open files) are one line every 10 s, not a traceback each."""
 
         stopped_by: signal.Signals | None = None
+
+        async def serve(self, sockets=None) -> None:
+            quiet_accept_errors(asyncio.get_running_loop(), _say)
+            await super().serve(sockets)
 
         @contextlib.contextmanager
         def capture_signals(self):
@@ -238,6 +267,11 @@ def _server_class():
                     signal.signal(sig, handler)
 
     return Server
+
+
+def _say(line: str) -> None:
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
 
 def _Server(config):  # noqa: N802 - the class is made on first use: uvicorn is an optional extra

@@ -133,6 +133,7 @@ class TranslateRequest(BaseModel):
             value = getattr(self, name)
             if value is not None and not math.isfinite(value):
                 raise ValueError(f"{name}: expected a finite number")
+        self.sampling_settings()  # the search's own rule (``check_sampling``): a ValueError naming the field
         prefixes = self.prefixes()
         if prefixes is not None and len(prefixes) != len(self.lines()):
             raise ValueError(f"prefix: {len(prefixes)} prefixes for {len(self.lines())} sentences")

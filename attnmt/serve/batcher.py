@@ -16,6 +16,13 @@ draws following its own seed, so that the same request always gets the same samp
 A sentence's translation never depends on what it was batched with: batched search equals search one
 sentence at a time (``tests/decoding/test_decode.py``, ``tests/serve/test_serve.py`` through a server).
 
+Overload is shed at the door (``Overloaded``, HTTP 503 with ``Retry-After``): a request is refused before
+any work is spent on it when the work already queued would take the decoder more than ``max_queue_s`` to
+serve. A job is expected to take its cost over the lane's measured rate (cost units answered per second,
+an average over the last batches that finished, seeded by the decoder's probe at start-up) and at most
+the budget (``max_job_s``: a batch past it is cut). The rate is the decoder's as it is now, so on a
+machine that other processes load the queue holds less.
+
 ``close`` stops accepting (``Closed``) and returns once every request already accepted has its answer.
 Work that is not a translation (the attention of a sentence) goes through the same thread as a ``call``,
 so the model is only ever used by one thread and the cores are not split between two decodes.
@@ -23,6 +30,7 @@ so the model is only ever used by one thread and the cores are not split between
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import deque
@@ -37,6 +45,15 @@ from ..decoding.translator import Translation, Translator
 
 class Closed(Exception):
     """The batcher no longer accepts requests (the server is stopping)."""
+
+
+class Overloaded(Exception):
+    """The queue holds more than the decoder can serve in the stated time (HTTP 503); ``retry_after``:
+    whole seconds until it expects to have served what is queued now."""
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 @dataclass(frozen=True)
@@ -70,6 +87,8 @@ class Stats:
     batches: int = 0
     sentences: int = 0
     largest: int = 0  # sentences in the largest batch
+    refused: int = 0  # requests refused at the door (``Overloaded``)
+    rate: float | None = None  # cost units (source pieces x beam rows) answered per second, recently
 
 
 class Batcher:
@@ -80,12 +99,14 @@ class Batcher:
     when it runs: sentencepiece takes microseconds a line, a decode milliseconds)."""
 
     def __init__(self, variant: Callable[[Settings], Translator], measure: Callable[[Sequence[str]], int],
-                 max_batch_tokens: int = 4096, max_wait_s: float = 0.04) -> None:
+                 max_batch_tokens: int = 4096, max_wait_s: float = 0.04, max_queue_s: float | None = None,
+                 max_job_s: float | None = None, rate: float | None = None) -> None:
         if max_batch_tokens < 1 or not max_wait_s >= 0:
             raise ValueError(f"max_batch_tokens {max_batch_tokens} and max_wait_s {max_wait_s}")
         self.variant, self.measure = variant, measure
         self.max_batch_tokens, self.max_wait_s = max_batch_tokens, max_wait_s
-        self.stats = Stats()
+        self.max_queue_s, self.max_job_s = max_queue_s, max_job_s
+        self.stats = Stats(rate=rate)
         # Clients that wait for their answers send again as soon as they have them: after a batch, as many
         # requests as it answered are expected back, besides those waiting; ``_next`` waits for them.
         self._expected = 1
@@ -107,13 +128,27 @@ class Batcher:
         return self._put(_Job(Future(), settings, list(lines), prefixes, constraints,
                               cost=self.measure(lines) * rows))
 
-    def call(self, work: Callable[[], Any]) -> Future:
-        """A future for ``work()`` run on the worker thread, between batches."""
-        return self._put(_Job(Future(), None, call=work))
+    def call(self, work: Callable[[], Any], cost: int = 0) -> Future:
+        """A future for ``work()`` run on the worker thread, between batches; ``cost``: what it is expected
+        to cost, in the units of a translation's."""
+        return self._put(_Job(Future(), None, call=work, cost=cost))
 
     def pending(self) -> int:
         with self._cond:
             return len(self._queue)
+
+    def queued_seconds(self) -> float:
+        """What the queue holds, in the seconds the decoder is expected to take to serve it."""
+        with self._cond:
+            return self._expected_seconds(self._queue)
+
+    def _expected_seconds(self, jobs) -> float:
+        """Each job's cost over the rate, at most the budget (caller holds the lock; no rate yet: 0)."""
+        rate = self.stats.rate
+        if not rate:
+            return 0.0
+        cap = self.max_job_s if self.max_job_s is not None else float("inf")
+        return sum(min(job.cost / rate, cap) for job in jobs)
 
     def close(self, timeout: float | None = None) -> bool:
         """Refuse new requests, finish the accepted ones; True if they all finished within ``timeout``."""
@@ -127,6 +162,13 @@ class Batcher:
         with self._cond:
             if self._closed:
                 raise Closed("the server is stopping")
+            if self.max_queue_s is not None and self._queue:
+                queued = self._expected_seconds(self._queue)
+                if queued > self.max_queue_s:
+                    self.stats.refused += 1
+                    raise Overloaded(f"the server is busy: its queue holds about {queued:.0f} s of work, "
+                                     f"more than its bound of {self.max_queue_s:g} s "
+                                     "(--max-queue-seconds); retry later", max(1, math.ceil(queued)))
             self._queue.append(job)
             self._cond.notify_all()
         return job.future
@@ -194,8 +236,10 @@ class Batcher:
         settings = live[0].settings
 
         def translate() -> list[list[Translation]]:
+            started = time.perf_counter()
             found = self.variant(settings).translate(lines, prefixes, words=settings.words,
                                                      constraints=phrases)
+            self._measured(sum(job.cost for job in live), time.perf_counter() - started)
             out, start = [], 0
             for job in live:
                 out.append(found[start:start + len(job.lines)])
@@ -209,6 +253,12 @@ class Batcher:
         with self._cond:
             self._expected = max(1, len(live) + len(self._queue))
             self._finished = time.monotonic()
+
+    def _measured(self, cost: int, seconds: float) -> None:
+        """A batch of ``cost`` answered in ``seconds``: the rate moves a third of the way to its own."""
+        rate = cost / max(seconds, 1e-6)
+        with self._cond:
+            self.stats.rate = rate if self.stats.rate is None else (2 * self.stats.rate + rate) / 3
 
     @staticmethod
     def _settle(jobs: list[_Job], work: Callable[[], list]) -> None:
@@ -236,11 +286,11 @@ class Lane:
 
 class Lanes:
     """``attnmt serve``'s decoders: the interactive lane, and a bulk lane for requests that cost more than
-    ``bulk_above`` pieces x beam rows, decoded by a process in the idle scheduling class, so that the
-    kernel gives the cores to the interactive lane whenever it has work: a client sending the largest requests
-    the limits allow slows only the other large requests, never the one-line ones
-    (``scripts/bench/bench_serve.py --hostile``). Without a bulk lane every request takes the interactive
-    one."""
+    ``bulk_above`` pieces x beam rows, decoded by a process that waits before each model step while the
+    interactive one works (``decoder_process``), so that the interactive lane has the cores whenever it
+    has work: a client sending the largest requests the limits allow slows only the other large requests,
+    never the one-line ones (``scripts/bench/bench_serve.py --hostile``). Without a bulk lane every request
+    takes the interactive one."""
 
     def __init__(self, interactive: Lane, bulk: Lane | None = None, bulk_above: int = 0) -> None:
         self.interactive, self.bulk, self.bulk_above = interactive, bulk, bulk_above
@@ -266,6 +316,12 @@ class Lanes:
 
     def describe(self) -> dict:
         """What each lane's batcher has done, for ``/info``."""
-        return {lane.name: {"batches": lane.batcher.stats.batches, "sentences": lane.batcher.stats.sentences,
-                            "largest": lane.batcher.stats.largest, "pending": lane.batcher.pending()}
-                for lane in self.all}
+        described = {}
+        for lane in self.all:
+            stats = lane.batcher.stats
+            described[lane.name] = {"batches": stats.batches, "sentences": stats.sentences,
+                                    "largest": stats.largest, "pending": lane.batcher.pending(),
+                                    "queued_seconds": round(lane.batcher.queued_seconds(), 3),
+                                    "refused": stats.refused,
+                                    "rate": None if stats.rate is None else round(stats.rate, 1)}
+        return described

@@ -16,12 +16,24 @@ answers; an exception in the child is raised again here, as it was when it pickl
 decides when to stop) and leaves when its pipe closes, or at once when the server dies
 (``children.spawn_context``).
 
-``nice``: the child's scheduling priority (the bulk lane's decoder runs at 19, so that the kernel gives
-the cores to the interactive one whenever it has work; ``batcher.Lanes``). ``budget``: seconds a batch
-may take in the child; the model is wrapped (``Budgeted``) so that the search, the word scores or the
-attention maps stop at the first step past it with ``serve_limits.OverBudget``, and the child goes on
-with the next batch. A CTranslate2 export decodes in one call that cannot be cut: its batches are bounded
-by the limits alone.
+``nice``: the child's scheduling priority. ``yield_to``: a flag shared with the other lane (a
+``multiprocessing`` value): while it is set, the child waits before its next model step, so that the bulk
+lane's decoder gives the cores to the interactive one whenever that one has work (``batcher.Lanes``), and
+competes with the rest of the machine as any process does. (Linux's idle scheduling class did the first,
+but yielded to every process on the machine: one busy process beside the server starved the bulk decoder,
+its start-up took 88 s instead of 5, and its requests ran out of time.)
+
+``budget``: seconds of the decoding thread's own CPU time a batch may take in the child (the same as
+wall-clock seconds when the decoder has the cores to itself; on a machine that other processes load, a
+batch takes longer but is charged only for its own work). The model is wrapped (``Budgeted``) so that the
+search, the word scores or the attention maps stop at the first step past it with
+``serve_limits.OverBudget``, and the child goes on with the next batch. A CTranslate2 export decodes in
+one call that cannot be cut: its batches are bounded by the limits alone.
+
+The decoders' OpenMP threads wait passively (``OMP_WAIT_POLICY=PASSIVE`` unless the environment says
+otherwise, set before the child starts): spinning threads that wait at every operation for a sibling the
+kernel gave to another process made a 0.2 s batch take 6 to 15 s beside two busy processes on 2 cores,
+and burnt ten times its CPU time (``scripts/bench/bench_serve.py --hog``; docs/how-to/serve.md).
 """
 
 from __future__ import annotations
@@ -40,6 +52,8 @@ from .batcher import Settings
 from .limits import OverBudget
 
 KINDS = ("cross", "enc_self", "dec_self")
+# What the child decodes, timed, once its model is loaded: the first rate of its lane's queue estimate.
+PROBE = ["1 2 3 4 5 6 7 8 9 10 11 12"] * 8
 
 
 class _Remote:
@@ -54,19 +68,33 @@ class _Remote:
 
 class DecoderProcess:
     def __init__(self, opener: Callable[[], tuple], threads: int | None, nice: int = 0,
-                 budget: float | None = None) -> None:
-        """Start the child (``wait_ready`` waits for its model)."""
+                 budget: float | None = None, busy=None, yield_to=None) -> None:
+        """Start the child (``wait_ready`` waits for its model). ``busy``: a shared flag (``flag()``) this
+        side raises while the child works; ``yield_to``: one the child waits on before each model step."""
         context = spawn_context()  # spawn, and the child dies with the server however it ends (children.py)
         self._conn, child = context.Pipe()
         self._lock = threading.Lock()
-        self.process = context.Process(target=_child, args=(child, opener, threads, nice, budget),
+        self.busy = busy
+        self.process = context.Process(target=_child, args=(child, opener, threads, nice, budget, yield_to),
                                        name="attnmt-decoder", daemon=True)
-        self.process.start()
+        given = os.environ.get("OMP_WAIT_POLICY")
+        os.environ["OMP_WAIT_POLICY"] = given or "PASSIVE"  # the child's OpenMP reads it when it loads
+        try:
+            self.process.start()
+        finally:
+            if given is None:
+                del os.environ["OMP_WAIT_POLICY"]
         child.close()
 
-    def wait_ready(self) -> None:
-        """Return once the child has loaded its model (its error if it could not)."""
-        self.ask("ready")
+    @staticmethod
+    def flag():
+        """A flag one decoder's side raises while it works and another decoder waits on."""
+        return spawn_context().Value("b", 0, lock=False)
+
+    def wait_ready(self) -> float:
+        """Return once the child has loaded its model (its error if it could not): the seconds it took to
+        decode ``PROBE`` then."""
+        return self.ask("ready")
 
     def variant(self, settings: Settings) -> _Remote:
         return _Remote(self, settings)
@@ -78,12 +106,17 @@ class DecoderProcess:
 
     def ask(self, *message):
         with self._lock:
+            if self.busy is not None:
+                self.busy.value = 1
             try:
                 self._conn.send(message)
                 status, value = self._conn.recv()
             except (EOFError, OSError, BrokenPipeError):
                 code = self.process.exitcode
                 raise ResourceError(f"the decoding process stopped (exit code {code})") from None
+            finally:
+                if self.busy is not None:
+                    self.busy.value = 0
         if status == "error":
             raise value
         if status == "failed":
@@ -104,19 +137,24 @@ class DecoderProcess:
 
 class Budgeted:
     """The model behind the protocol ``decode`` uses (``models.TranslationModel``), stopping at the first
-    call past ``deadline`` (``time.monotonic``; None: none) with ``OverBudget``: a search steps the model
-    once a position, so a batch overruns its budget by one step at most. Everything else is the model's."""
+    call past ``deadline`` (``time.thread_time``, the decoding thread's CPU time; None: none) with
+    ``OverBudget``: a search steps the model once a position, so a batch overruns its budget by one step
+    at most. While ``yield_to`` (a shared flag) is raised, each call waits first, its CPU time unspent.
+    Everything else is the model's."""
 
-    def __init__(self, model, budget: float) -> None:
-        self.model, self.budget = model, budget
+    def __init__(self, model, budget: float | None, yield_to=None) -> None:
+        self.model, self.budget, self.yield_to = model, budget, yield_to
         self.deadline: float | None = None
 
     def start(self, timed: bool = True) -> None:
         """The budget starts now (a batch begins); ``timed`` False: no budget for this one."""
-        self.deadline = time.monotonic() + self.budget if timed else None
+        timed = timed and self.budget is not None
+        self.deadline = time.thread_time() + self.budget if timed else None
 
     def _check(self) -> None:
-        if self.deadline is not None and time.monotonic() > self.deadline:
+        while self.yield_to is not None and self.yield_to.value:
+            time.sleep(0.001)
+        if self.deadline is not None and time.thread_time() > self.deadline:
             raise OverBudget(f"the batch ran over the server's time budget of {self.budget:g} s "
                              "(--max-request-seconds) and was cut: send fewer or shorter sentences, or "
                              "a smaller beam")
@@ -140,20 +178,21 @@ class Budgeted:
         return getattr(self.model, name)
 
 
-def _child(conn, opener: Callable[[], tuple], threads: int | None, nice: int, budget: float | None) -> None:
+def _child(conn, opener: Callable[[], tuple], threads: int | None, nice: int, budget: float | None,
+           yield_to) -> None:
     """The decoder's loop: answer each message until the pipe closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if nice:
-        _lower_priority(nice)  # before torch starts its threads, which take this thread's priority
+        os.nice(nice)  # before torch starts its threads, which take this thread's priority
     import torch
 
     if threads is not None:
         torch.set_num_threads(threads)
     translator = opener()[0]
     budgeted = None
-    if budget is not None and getattr(translator, "model", None) is not None:
-        translator.model = budgeted = Budgeted(translator.model, budget)
+    if (budget is not None or yield_to is not None) and getattr(translator, "model", None) is not None:
+        translator.model = budgeted = Budgeted(translator.model, budget, yield_to)
     answer = _answerer(translator)
     while True:
         try:
@@ -174,18 +213,6 @@ def _child(conn, opener: Callable[[], tuple], threads: int | None, nice: int, bu
             return
 
 
-def _lower_priority(nice: int) -> None:
-    """``nice``, and on Linux the idle scheduling class: its threads run only on a core nothing else
-    wants, and give it up at once when an ordinary thread wakes (at nice 19 they still took time slices
-    from the interactive decoder's threads, whose every operation waits for all of them)."""
-    os.nice(nice)
-    if hasattr(os, "SCHED_IDLE"):
-        try:
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-        except OSError:  # not allowed here (a container's seccomp): nice alone
-            pass
-
-
 def _answerer(translator) -> Callable[[str, tuple], object]:
     """What the child answers to each kind of message."""
     from ..insight.alignment import AlignOptions
@@ -198,7 +225,9 @@ def _answerer(translator) -> Callable[[str, tuple], object]:
     def answer(kind: str, args: tuple) -> object:
         if kind == "ready":  # one sentence first: torch's first calls are slow, and a budget would count them
             translator.translate(["1"])
-            return None
+            started = time.perf_counter()
+            translator.translate(PROBE)
+            return time.perf_counter() - started
         if kind == "translate":
             settings, lines, prefixes, words, constraints = args
             return variant(settings).translate(lines, prefixes, words, constraints)

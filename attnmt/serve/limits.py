@@ -10,8 +10,11 @@ prefix or a sentence's phrases must fit inside that (a prefix is not allowed to 
 range or fields that do not fit together ``Refused`` (422), each naming the field as the request spells it
 (``prefix[3]``, ``constraints[0]``).
 
-What is left, the time a batch takes, is the decoder's budget (``--max-request-seconds``): a batch past it
-is cut there (``OverBudget``, HTTP 503), and the other requests go on.
+What is left, the time a batch takes, is the decoder's budget (``--max-request-seconds``, seconds of the
+decoder's own CPU time, so that a machine loaded by other processes slows a batch without cutting it): a
+batch past it is cut there (``OverBudget``, HTTP 503), and the other requests go on. Overload is the
+queue's to shed (``batcher.Overloaded``, 503 with ``Retry-After``, before any work is spent): past
+``--max-queue-seconds`` of work waiting in a lane, a new request of that lane is refused at once.
 """
 
 from __future__ import annotations
@@ -33,14 +36,16 @@ class Refused(Exception):
 
 
 class OverBudget(Exception):
-    """A batch ran past the decoder's time budget and was cut (HTTP 503 for each of its requests)."""
+    """A batch ran past the decoder's CPU-time budget and was cut (HTTP 503 for each of its requests)."""
 
 
 @dataclass(frozen=True)
 class Limits:
-    """What one request may hold (see the module docstring). ``max_seconds``: the time budget of a
-    batch in the decoder; ``bulk_above``: a request costing more pieces x beam rows than this is
-    decoded in the bulk lane (``lanes.Lanes``; 0: one lane for all)."""
+    """What one request may hold (see the module docstring). ``max_seconds``: the budget of a batch in
+    the decoder, in seconds of the decoder's CPU time; ``bulk_above``: a request costing more pieces x beam
+    rows than this is decoded in the bulk lane (``lanes.Lanes``; 0: one lane for all);
+    ``max_queue_seconds``: the work a lane's queue may hold, in the seconds its decoder is expected to
+    take to serve it, before new requests are refused (``batcher.Overloaded``)."""
 
     max_sentences: int = 100
     max_chars: int = 2000
@@ -48,6 +53,7 @@ class Limits:
     max_phrases: int = 8
     max_seconds: float = 5.0
     bulk_above: int = 1024
+    max_queue_seconds: float = 30.0
 
     @property
     def max_body(self) -> int:
@@ -63,6 +69,7 @@ class Limits:
         return {"max_sentences": self.max_sentences, "max_chars": self.max_chars, "max_beam": self.max_beam,
                 "max_phrases": self.max_phrases, "max_request_seconds": self.max_seconds,
                 "max_body_bytes": self.max_body, "bulk_above": self.bulk_above,
+                "max_queue_seconds": self.max_queue_seconds,
                 "max_src_pieces": d.max_src_len, "max_len_a": d.max_len_a, "max_len_b": d.max_len_b}
 
 

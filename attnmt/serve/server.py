@@ -6,14 +6,20 @@ Status codes: 200; 413 a request over the limits; 422 a body that is not JSON (o
 deep, a number of too many digits), a missing, unknown or ill-typed field, text that is not valid Unicode,
 a value past a limit, or fields that do not go together; 404 a path and 405 a method the API lacks; 409
 ``/attention`` on a model without attention maps (a CTranslate2 export); 411 a POST without a length; 503
-a batch cut at the time budget, or the server stopping; 500 a bug (its one line, and the traceback in the
-server's log, never in the answer). Every one of them is ``{"error": "one line"}``, framework errors
-included.
+a request refused because its lane's queue is full (with ``Retry-After``), a batch cut at its CPU-time
+budget, or the server stopping; 400 a request that is not HTTP (a bad request line, headers past h11's
+size: ``JsonErrorH11``); 500 a bug (its one line, and the traceback in the server's log, never in the
+answer). Every one of them is ``{"error": "one line"}``, framework and protocol errors included.
+
+When the process runs out of file descriptors, asyncio cannot accept connections and reports each try
+with a traceback, thousands a second; ``quiet_accept_errors`` makes that one line every 10 s: the clients
+wait in the listening socket's backlog until others leave.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 import time
 import traceback
@@ -37,7 +43,7 @@ from .api import (
     settings_for,
     variant_maker,
 )
-from .batcher import Closed, Lane, Lanes, Settings
+from .batcher import Closed, Lane, Lanes, Overloaded, Settings
 from .limits import OverBudget, Refused, TooLarge, check_pieces, check_rows, check_sizes
 
 
@@ -75,6 +81,10 @@ def _add_errors(app: FastAPI) -> None:
 
     for kind, status in {TooLarge: 413, Refused: 422, Closed: 503, OverBudget: 503}.items():
         app.add_exception_handler(kind, _answers(status))
+
+    @app.exception_handler(Overloaded)
+    async def overloaded(request: Request, e: Overloaded) -> JSONResponse:
+        return _error(503, str(e), {"Retry-After": str(e.retry_after)})
 
     @app.exception_handler(AttnmtError)
     async def attnmt_error(request: Request, e: AttnmtError) -> JSONResponse:
@@ -145,6 +155,44 @@ class Guard:
         return None
 
 
+def json_error_h11():
+    """uvicorn's h11 protocol, but a request it cannot read as HTTP (a bad request line, more header bytes
+    than h11 holds) is answered ``{"error": ...}`` as every other error, not uvicorn's plain text."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class JsonErrorH11(H11Protocol):
+        def send_400_response(self, msg: str) -> None:
+            body = json.dumps({"error": f"not a valid HTTP request ({msg}): send a request line, headers "
+                                        "under 16 KiB and a body of the length stated"})
+            headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
+            for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"),
+                          h11.Data(data=body.encode("ascii")), h11.EndOfMessage()):
+                self.transport.write(self.conn.send(event))
+            self.transport.close()
+
+    return JsonErrorH11
+
+
+def quiet_accept_errors(loop, log, every: float = 10.0) -> None:
+    """``loop``'s exception handler: asyncio's "socket.accept() out of system resource" (too many open files)
+    becomes one line through ``log`` at most every ``every`` seconds; anything else is asyncio's default."""
+    last = [-every]
+
+    def handle(loop, context: dict) -> None:
+        if context.get("message") != "socket.accept() out of system resource":
+            loop.default_exception_handler(context)
+            return
+        now = time.monotonic()
+        if now - last[0] >= every:
+            last[0] = now
+            cause = context.get("exception")
+            log(f"attnmt serve: cannot accept new connections ({cause}): they wait until others close; "
+                "raise the limit of open files (ulimit -n) for more clients at once")
+
+    loop.set_exception_handler(handle)
+
+
 # What each error status means, for the routes' ``responses`` (the OpenAPI document, ``/docs``); the body is
 # always ``ErrorBody``, which replaces FastAPI's default validation error in the document as in the answers.
 ERROR_MEANINGS = {
@@ -155,7 +203,8 @@ ERROR_MEANINGS = {
     422: "a body that is not JSON, a missing, unknown or ill-typed field, text that is not valid Unicode, a "
          "value past a limit, or fields that do not go together",
     500: "a bug: its one line (the traceback is in the server's log)",
-    503: "a batch cut at the time budget (--max-request-seconds), or the server stopping",
+    503: "the queue is full (--max-queue-seconds; Retry-After says when to try again), a batch cut at its "
+         "CPU-time budget (--max-request-seconds), or the server stopping",
 }
 
 
@@ -165,13 +214,19 @@ def error_answers(*statuses: int) -> dict[int | str, dict]:
 
 
 def _admit(served: Served, variant, lines: list[str], prefixes: list[str] | None,
-           constraints: list[list[str]] | None, settings: Settings, beam_given: bool, lanes: Lanes) -> Lane:
-    """Check a request against every limit, before it reaches a queue; the lane its cost picks."""
+           constraints: list[list[str]] | None, settings: Settings, beam_given: bool, lanes: Lanes,
+           drawn: bool = False) -> tuple[Lane, int]:
+    """Check a request against every limit, before it reaches a queue; the lane its cost picks, and the
+    cost. ``drawn``: its attention maps are drawn too, which read the source whole where the search reads
+    it cut to ``decode.max_src_len``, so the whole source's pieces count."""
     sampling = settings.sampling is not None
-    check_rows(served.limits, settings.nbest if sampling else settings.beam_size, beam_given, sampling)
+    rows = settings.nbest if sampling else settings.beam_size
+    check_rows(served.limits, rows, beam_given, sampling)
     exported = not served.info["attention"]
     cost = check_pieces(variant(settings), lines, prefixes, constraints, exported)
-    return lanes.lane(cost)
+    if drawn:
+        cost = max(cost, lanes.interactive.batcher.measure(lines) * rows)
+    return lanes.lane(cost), cost
 
 
 def _add_routes(app: FastAPI, served: Served, lanes: Lanes, page: str) -> None:
@@ -185,7 +240,7 @@ def _add_routes(app: FastAPI, served: Served, lanes: Lanes, page: str) -> None:
         settings = settings_for(translator, body.beam_size, body.nbest, body.length_penalty,
                                 body.sampling_settings(), body.scores == "words", body.tgt_lang, served.data)
         given = body.beam_size is not None
-        lane = _admit(served, variant, lines, prefixes, body.constraints, settings, given, lanes)
+        lane, _ = _admit(served, variant, lines, prefixes, body.constraints, settings, given, lanes)
         _note(request, lane, lines)
         found = await asyncio.wrap_future(lane.batcher.submit(lines, settings, prefixes, body.constraints))
         return {"translations": [result.as_json() for result in found]}
@@ -203,13 +258,14 @@ def _add_routes(app: FastAPI, served: Served, lanes: Lanes, page: str) -> None:
         settings = settings_for(translator, body.beam_size, 1, body.length_penalty, None,
                                 tgt_lang=body.tgt_lang, data=served.data)
         given = body.beam_size is not None
-        lane = _admit(served, variant, [body.text], prefixes, constraints, settings, given, lanes)
+        lane, cost = _admit(served, variant, [body.text], prefixes, constraints, settings, given, lanes,
+                            drawn=True)
         _note(request, lane, [body.text])
         asked = lane.batcher.submit([body.text], settings, prefixes, constraints)
         (found,) = await asyncio.wrap_future(asked)
         text, score = found.outputs[0]
         packed = await asyncio.wrap_future(lane.batcher.call(
-            lambda: lane.draw(body.text, text, settings.source_prefix)))
+            lambda: lane.draw(body.text, text, settings.source_prefix), cost))
         links = packed.data["sentences"][0]["links"] if packed.data["sentences"] else []
         return JSONResponse({"translation": text, "score": score, "truncated": found.truncated,
                              "alignment": links, "data": packed.data, "weights": packed.weights,

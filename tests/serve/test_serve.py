@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -31,13 +32,16 @@ class Server:
     one decoder wait on each other at every operation (a one-line request took 0.1 to 1 s instead of 30
     to 150 ms), and a request could run past the time budget."""
 
-    def __init__(self, model: Path, log: Path, *args: str) -> None:
+    def __init__(self, model: Path, log: Path, *args: str, open_files: int | None = None) -> None:
+        """``open_files``: the server's limit of open files (``ulimit -n``)."""
         self.log = log
         self.stderr = open(log, "w", encoding="utf-8")  # noqa: SIM115 - closed in stop
         command = [sys.executable, "-m", "attnmt", "serve", str(model), "--port", "0", "--threads", "1",
                    *args]
+        limit = (lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, open_files))) \
+            if open_files else None
         self.process = subprocess.Popen(command, cwd=REPO, env={**os.environ, **OFFLINE_ENV},
-                                        stdout=subprocess.DEVNULL, stderr=self.stderr)
+                                        stdout=subprocess.DEVNULL, stderr=self.stderr, preexec_fn=limit)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             first = log.read_text(encoding="utf-8").split("\n")[0]

@@ -8,10 +8,8 @@ never a 500."""
 from __future__ import annotations
 
 import json
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 from helpers import trained_for_decoding
@@ -176,19 +174,6 @@ def test_whatever_a_client_sends_the_answer_is_documented(server, body, path):
     if answer.status_code != 200:
         error = answer.json()
         assert list(error) == ["error"] and "\n" not in error["error"] and error["error"], (body, error)
-
-
-def test_the_bulk_decoder_yields_every_core_to_the_interactive_one(server):
-    """Two decoder processes: the interactive one as the server is scheduled, the bulk one in Linux's idle
-    class at nice 19, every thread of it (torch's threads started after the change, and take it)."""
-    decoders = {}
-    for task in Path(f"/proc/{server.process.pid}/task").iterdir():
-        for child in (task / "children").read_text(encoding="ascii").split():
-            if "spawn_main" in Path(f"/proc/{child}/cmdline").read_text(encoding="ascii", errors="replace"):
-                threads = [int(t.name) for t in Path(f"/proc/{child}/task").iterdir()]
-                decoders[int(child)] = {(os.sched_getscheduler(t), os.getpriority(os.PRIO_PROCESS, t))
-                                        for t in threads}
-    assert sorted(decoders.values(), key=str) == [{(os.SCHED_OTHER, 0)}, {(os.SCHED_IDLE, 19)}], decoders
 
 
 def test_the_openapi_document_states_the_error_body_the_server_sends(server):
