@@ -63,17 +63,71 @@ OUT_OF_MEMORY = (
     "train.max_tokens when training); checkpoints already saved are kept"
 )
 
+# Memory that ran out before any batch: loading a library, starting a thread (its stack is address space
+# too). The batch is not what to change.
+LOADING_OUT_OF_MEMORY = (
+    "out of memory while loading the libraries or starting threads: the process's memory limit is too low; "
+    "raise it (ulimit -v: a command that loads a model needs about 1 GB of address space)"
+)
+
+# What memory running out says where it is not a MemoryError: PyTorch's CPU allocator, the C library's
+# ENOMEM, the dynamic loader unable to map a library under an address-space limit (``ulimit -v``; numpy wraps
+# that in an ImportError of its own, the loader's words at its end), and a thread that could not start
+# (C++'s std::system_error EAGAIN, as sentencepiece raises it; Python's own RuntimeError).
+_MEMORY_WORDS = ("defaultcpuallocator", "can't allocate memory", "cannot allocate memory",
+                 "failed to map segment from shared object")
+_THREAD_WORDS = ("resource temporarily unavailable", "can't start new thread")
+# CPython's words for a C function that returned an error without setting an exception: under ``ulimit -v``,
+# an allocation a module's initialisation did not check, as the module was imported.
+_NULL_WORDS = ("without setting an exception", "error return without exception set")
+
+
+def _chain(error: BaseException) -> list[BaseException]:
+    """The error, its cause, and theirs (a chain is short, and may loop)."""
+    found: list[BaseException] = []
+    seen: BaseException | None = error
+    while seen is not None and len(found) < 8 and seen not in found:
+        found.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    return found
+
 
 def is_out_of_memory(error: BaseException) -> bool:
-    """``MemoryError``, ``torch.OutOfMemoryError`` (CUDA) or the CPU allocator's ``RuntimeError``, told
-    apart by name and message so that this module needs no torch."""
-    text = str(error)
-    return (
-        isinstance(error, MemoryError)
-        or type(error).__name__ == "OutOfMemoryError"
-        or "DefaultCPUAllocator" in text
-        or "can't allocate memory" in text
-    )
+    """``MemoryError``, ``torch.OutOfMemoryError`` (CUDA), or an error whose text (or its cause's) says the
+    memory or the threads ran out (``_MEMORY_WORDS``, ``_THREAD_WORDS``), or a SystemError of ``_NULL_WORDS``
+    out of an import; told apart by name and message so that this module needs no torch. An OSError with an
+    errno is ``os_error``'s to map (ENOMEM: exit 5 naming its file)."""
+    for seen in _chain(error):
+        if isinstance(seen, MemoryError) or type(seen).__name__ == "OutOfMemoryError":
+            return True
+        if isinstance(seen, OSError) and seen.errno is not None:
+            continue
+        text = str(seen).lower()
+        if any(words in text for words in _MEMORY_WORDS + _THREAD_WORDS):
+            return True
+        if isinstance(seen, SystemError) and any(w in text for w in _NULL_WORDS) and \
+                raised_while_importing(seen):
+            return True
+    return False
+
+
+def raised_while_importing(error: BaseException) -> bool:
+    """``error`` came out of a module being imported: an ImportError, Python's import machinery on its
+    traceback, or the import itself returning NULL (``_find_and_load``)."""
+    import traceback
+
+    if isinstance(error, ImportError) or "_find_and_load" in str(error):
+        return True
+    return any(frame.f_code.co_filename.startswith("<frozen importlib")
+               for frame, _ in traceback.walk_tb(error.__traceback__))
+
+
+def memory_message(error: BaseException) -> str:
+    """The one line for an error ``is_out_of_memory`` recognises: ``LOADING_OUT_OF_MEMORY`` before any batch
+    (an import, a thread), else ``OUT_OF_MEMORY``."""
+    early = any(raised_while_importing(e) or any(w in str(e).lower() for w in _THREAD_WORDS)
+                for e in _chain(error))
+    return LOADING_OUT_OF_MEMORY if early else OUT_OF_MEMORY
 
 
 # The operating system's errors that are the machine's resources, not attnmt's bug nor the user's data, in

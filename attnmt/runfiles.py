@@ -180,9 +180,12 @@ def check_new_folder(out: Path) -> None:
 def publish_folder(out: Path, fill: Callable[[Path], None]) -> None:
     """Write a new folder ``out`` whole: ``fill(tmp)`` writes its files into a temporary folder beside it,
     which is fsynced and renamed into place; ``out`` must not exist or be an empty folder (a ConfigError
-    otherwise, before ``fill`` runs), and a failure leaves nothing behind."""
+    otherwise, before ``fill`` runs), and a failure leaves nothing behind. A symbolic link stays a link:
+    the folder it points to is the one written (beside it, then renamed into its place)."""
     out = Path(out)
     check_new_folder(out)
+    if out.is_symlink():
+        out = Path(os.path.realpath(out))  # its final target, as ``atomic_write_bytes`` does for a file
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = temporary_folder(out)

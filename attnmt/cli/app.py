@@ -30,8 +30,9 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from ..errors import OUT_OF_MEMORY, RESOURCE_ERRNOS, AttnmtError, is_out_of_memory, os_error
+from ..errors import RESOURCE_ERRNOS, AttnmtError, is_out_of_memory, memory_message, os_error
 from .contract import DECLARED, Declared, Output, Param, as_list, check_options, parameters
+from .runtime import settle_process
 
 
 class _OneLineErrors(TyperGroup):
@@ -53,6 +54,11 @@ class _OneLineErrors(TyperGroup):
         except typer.Abort:
             sys.stderr.write("Aborted!\n")
             sys.exit(1)
+        except (MemoryError, ImportError) as e:  # outside a command's guard: parsing, the help's rich
+            if not is_out_of_memory(e):
+                raise
+            sys.stderr.write(f"error: {memory_message(e)}\n")
+            sys.exit(5)
         sys.exit(code if isinstance(code, int) else 0)
 
 
@@ -149,6 +155,9 @@ def error_guard(writing: list[str] | None = None) -> Iterator[None]:
         yield
     except AttnmtError as e:
         _traceback_if_debug()
+        cause = e.__cause__ or e.__context__  # what the library caught: memory, not a corrupt file
+        if e.exit_code != 5 and cause is not None and is_out_of_memory(cause):
+            fail(memory_message(cause), 5)
         fail(str(e).replace("\n", " "), e.exit_code)
     except (typer.Exit, typer.Abort, KeyboardInterrupt):
         raise
@@ -157,13 +166,10 @@ def error_guard(writing: list[str] | None = None) -> Iterator[None]:
         # when it flushes stdout. Caught here, before `Exception` would report it as an internal error.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise typer.Exit(0) from None
-    except MemoryError:
-        _traceback_if_debug()
-        fail(OUT_OF_MEMORY, 5)
-    except Exception as e:
+    except Exception as e:  # MemoryError included
         _traceback_if_debug()
         if is_out_of_memory(e):
-            fail(OUT_OF_MEMORY, 5)
+            fail(memory_message(e), 5)
         if isinstance(e, OSError) and e.errno in RESOURCE_ERRNOS:  # the shared net: a place not mapped yet
             fail(os_error_line(e, writing or []), 5)
         first = str(e).splitlines()[0] if str(e) else ""
@@ -185,8 +191,9 @@ def command(name: str | None = None, inputs: tuple[str, ...] = (), outputs: dict
         def guarded(*args: Any, **kwargs: Any) -> None:
             writing: list[str] = []
             with error_guard(writing):
+                settle_process()  # before anything heavy is imported (runtime.py)
                 params.update(params or parameters(function))
-                check_options(kwargs, declared, params)
+                kwargs = check_options(kwargs, declared, params)
                 writing += [f"{params[name].spelling} {path}" for name in declared.outputs
                             for path in as_list(kwargs.get(name)) if path is not None]
                 function(*args, **kwargs)

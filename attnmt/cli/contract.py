@@ -6,6 +6,9 @@ members, sources, references, gold alignments, configs, run folders) and its out
 or a folder, whether an existing one is replaced, which of a run folder's own paths it may write). Before
 the command runs, ``check_options`` refuses, each with one line naming the option:
 
+- a text argument whose bytes are not UTF-8 (``utf8_text``: arguments are read as UTF-8 whatever the
+  locale, as files are);
+
 - a number that is not finite, or an integer past what the libraries take (64 bits);
 - an output that is an input (the same file by ``os.path.samestat``: through symbolic and hard links
   alike; a device or a pipe is never the same as another path), that lies inside an input folder, or
@@ -27,11 +30,12 @@ import stat
 import typing
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 
 import typer
 
-from ..errors import ConfigError
+from ..errors import ConfigError, DataError
 
 # Integers past these reach no library intact (torch and itertools take 64-bit signed values); an option
 # with a range of its own (seeds: 0 .. 2**64 - 1) declares it with Typer's min and max.
@@ -92,13 +96,48 @@ def parameters(function: Callable) -> dict[str, Param]:
     return found
 
 
-def check_options(values: dict[str, object], declared: Declared, params: dict[str, Param]) -> None:
-    """Every check of this module on one command's parsed ``values``; a ConfigError names the option."""
+def check_options(values: dict[str, object], declared: Declared,
+                  params: dict[str, Param]) -> dict[str, object]:
+    """Every check of this module on one command's parsed ``values``; a ConfigError names the option.
+    Returns ``values`` with each text argument as the UTF-8 text its bytes spell (``utf8_text``)."""
+    values = dict(values)
     for name, value in values.items():
         param = params.get(name, Param(name))
         for item in as_list(value):
             check_number(param, item)
+        values[name] = utf8_text(param, value)
     check_paths(values, declared, {name: param.spelling for name, param in params.items()})
+    return values
+
+
+def utf8_text(param: Param, value: object) -> object:
+    """A text argument (a string, or a list of them) as UTF-8 text, whatever the locale: attnmt reads its
+    arguments as it reads its files. Python hands over an argument's bytes that the locale cannot decode as
+    lone surrogates (``surrogateescape``: every non-ASCII byte under ``LC_ALL=C PYTHONUTF8=0``); their
+    bytes, decoded as UTF-8, are what the user typed, and bytes that are not UTF-8 (``$'caf\\xe9'``, Latin-1)
+    are a DataError naming the argument and the byte. Paths are left alone: a file name may be any bytes."""
+    if isinstance(value, (list, tuple)):
+        return type(value)(utf8_text(param, item) for item in value)
+    if not isinstance(value, str) or isinstance(value, Enum) or not _has_surrogates(value):
+        return value
+    try:
+        raw = os.fsencode(value)  # the argument's own bytes
+    except UnicodeEncodeError:  # a surrogate no decoding made (a program's own string): not UTF-8 either
+        raw = value.encode("utf-8", "surrogatepass")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        shown = raw[:60].decode("utf-8", "backslashreplace") + ("..." if len(raw) > 60 else "")
+        raise DataError(f"{param.spelling} \"{shown}\": invalid UTF-8 at byte offset {e.start} "
+                        f"(0x{raw[e.start]:02x}); give text in UTF-8, whatever the locale") from None
+
+
+def _has_surrogates(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def check_number(param: Param, value: object) -> None:

@@ -206,8 +206,7 @@ def _per_line(lines, path: Path, count: int | None, option: str) -> tuple[Iterab
 def _sampling(sampling: bool, beam_size: int | None, temperature: float | None, top_k: int | None,
               top_p: float | None, seed: int | None):
     """``translate``'s sampling options as a ``decode.Sampling`` (None without --sampling), checked."""
-    from ..decoding.search import Sampling
-    from ..errors import ConfigError
+    from ..decoding.search import Sampling, check_sampling
 
     given = {"--temperature": temperature, "--top-k": top_k, "--top-p": top_p, "--seed": seed}
     if not sampling:
@@ -218,14 +217,13 @@ def _sampling(sampling: bool, beam_size: int | None, temperature: float | None, 
     if beam_size is not None and beam_size > 1:
         raise ConfigError(f"--sampling draws instead of searching: it cannot be used with --beam-size "
                           f"{beam_size}")
-    if temperature is not None and not temperature > 0:
-        raise ConfigError(f"--temperature {temperature}: expected a number > 0")
-    if top_k is not None and top_k < 0:
-        raise ConfigError(f"--top-k {top_k}: expected 0 (no cut) or more")
-    if top_p is not None and not 0 < top_p <= 1:
-        raise ConfigError(f"--top-p {top_p}: expected a value in (0, 1]")
-    return Sampling(temperature if temperature is not None else 1.0, top_k or 0,
-                    top_p if top_p is not None else 1.0, seed if seed is not None else 1)
+    values = (1.0 if temperature is None else temperature, top_k or 0, 1.0 if top_p is None else top_p,
+              1 if seed is None else seed)
+    try:  # the library's one rule, each option named as the command line spells it
+        check_sampling(*values, named=lambda name: "--" + name.replace("_", "-"))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    return Sampling(*values)
 
 
 @command("eval", inputs=("model", "src", "hyp", "ref", "ensemble"), outputs={"hyp_out": Output()})

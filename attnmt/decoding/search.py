@@ -15,6 +15,7 @@ Scores are sums of log-probabilities kept in at least fp32 (fp64 models keep fp6
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -148,11 +149,34 @@ def greedy_search(
     ]
 
 
+# The search draws in float32 (or float64: ``_log_probs``), so a temperature or top_p must be a number float32
+# holds at full precision: past its range 1e-46 rounds to 0 (a division by zero) and 1e39 to inf.
+FLOAT32 = torch.finfo(torch.float32)
+
+
+def check_sampling(temperature: float, top_k: int, top_p: float, seed: int,
+                   named: Callable[[str], str] = str) -> None:
+    """ValueError for the first sampling setting no draw can be made with, naming it as ``named`` spells
+    it (``--top-p`` on the command line, ``top_p`` in a request): a temperature in float32's normal range
+    (``FLOAT32.tiny`` to ``FLOAT32.max``), top_k >= 0, top_p from ``FLOAT32.tiny`` to 1, a 64-bit seed."""
+    if not (math.isfinite(temperature) and FLOAT32.tiny <= temperature <= FLOAT32.max):
+        raise ValueError(f"{named('temperature')} {temperature}: expected a number > 0 that float32 holds "
+                         f"({FLOAT32.tiny:.4g} to {FLOAT32.max:.4g}: the search divides in float32)")
+    if top_k < 0:
+        raise ValueError(f"{named('top_k')} {top_k}: expected 0 (no cut) or more")
+    if not FLOAT32.tiny <= top_p <= 1:
+        raise ValueError(f"{named('top_p')} {top_p}: expected a value in (0, 1] that float32 holds (at least "
+                         f"{FLOAT32.tiny:.4g})")
+    if not 0 <= seed <= 2**64 - 1:
+        raise ValueError(f"{named('seed')} {seed}: expected 0 to 2**64 - 1")
+
+
 @dataclass(frozen=True)
 class Sampling:
     """Random sampling instead of search (back-translation): the distribution divided by ``temperature``,
     cut to the ``top_k`` most probable pieces (0: all) and to the smallest set whose probability reaches
-    ``top_p`` (nucleus sampling, Holtzman et al. 2020; 1: all), renormalised; ``seed`` makes it repeat."""
+    ``top_p`` (nucleus sampling, Holtzman et al. 2020; 1: all), renormalised; ``seed`` makes it repeat.
+    Settings ``check_sampling`` refuses are a ValueError."""
 
     temperature: float = 1.0
     top_k: int = 0
@@ -160,19 +184,19 @@ class Sampling:
     seed: int = 1
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.temperature) and self.temperature > 0):
-            raise ValueError(f"temperature must be a number > 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0: no cut), got {self.top_k}")
-        if not (0 < self.top_p <= 1):
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        check_sampling(self.temperature, self.top_k, self.top_p, self.seed)
 
 
 def sampling_distribution(logp: torch.Tensor, sampling: Sampling) -> torch.Tensor:
     """Log-probabilities (N, V) -> the probabilities (N, V) that ``sample_tokens`` draws from. Each row's
     best piece is moved to 0 before the division, so that a tiny temperature leaves it finite (the others go
-    to -inf: greedy), never a row of -inf."""
-    scaled = (logp - logp.max(dim=-1, keepdim=True).values) / sampling.temperature
+    to -inf: greedy), never a row of -inf. A banned piece (``finfo.min``: past the length limit, outside a
+    forced prefix, PAD and BOS) gets probability 0 whatever the temperature: divided by a large one it
+    would come near 0 like any other and be drawn (a sample past its length limit); the best piece of a
+    row stays, banned or not, so a row is never empty."""
+    best = logp.max(dim=-1, keepdim=True).values  # (N, 1)
+    banned = (logp <= torch.finfo(logp.dtype).min) & (logp < best)  # (N, V)
+    scaled = ((logp - best) / sampling.temperature).masked_fill(banned, -math.inf)
     if sampling.top_k and sampling.top_k < scaled.size(-1):
         kth = scaled.topk(sampling.top_k, dim=-1).values[:, -1:]  # (N, 1)
         scaled = scaled.masked_fill(scaled < kth, -math.inf)
