@@ -335,7 +335,7 @@ def broken_copy(exported: Path, tmp_path: Path, name: str) -> Path:
     ("no-tokenizer", "spm.model"),
     ("flipped-model", "not the file that was exported"),
     ("foreign", "did not export"),
-    ("bad-manifest", "unreadable"),
+    ("bad-manifest", "invalid JSON"),
     ("other-format", "format"),
     ("tampered-tokenizer", "tokenizer"),
 ])
