@@ -16,12 +16,12 @@ answers; an exception in the child is raised again here, as it was when it pickl
 decides when to stop) and leaves when its pipe closes, or at once when the server dies
 (``children.spawn_context``).
 
-``nice``: the child's scheduling priority. ``yield_to``: a flag shared with the other lane (a
-``multiprocessing`` value): while it is set, the child waits before its next model step, so that the bulk
-lane's decoder gives the cores to the interactive one whenever that one has work (``batcher.Lanes``), and
-competes with the rest of the machine as any process does. (Linux's idle scheduling class did the first,
-but yielded to every process on the machine: one busy process beside the server starved the bulk decoder,
-its start-up took 88 s instead of 5, and its requests ran out of time.)
+``nice``: how much lower the child's priority is once its model is loaded. ``yield_to``: a flag shared
+with the other lane (a ``multiprocessing`` value): while it is set, the child waits before its next model
+step, so that the bulk lane's decoder gives the cores to the interactive one whenever that one has work
+(``batcher.Lanes``), and competes with the rest of the machine as any process does. (Linux's idle
+scheduling class did the first, but yielded to every process on the machine: one busy process beside the
+server starved the bulk decoder, its start-up took 88 s instead of 5, and its requests ran out of time.)
 
 ``budget``: seconds of the decoding thread's own CPU time a batch may take in the child (the same as
 wall-clock seconds when the decoder has the cores to itself; on a machine that other processes load, a
@@ -183,13 +183,13 @@ def _child(conn, opener: Callable[[], tuple], threads: int | None, nice: int, bu
     """The decoder's loop: answer each message until the pipe closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    if nice:
-        os.nice(nice)  # before torch starts its threads, which take this thread's priority
     import torch
 
     if threads is not None:
         torch.set_num_threads(threads)
-    translator = opener()[0]
+    translator = opener()[0]  # at the server's priority: a busy machine slows both start-ups alike
+    if nice:
+        _lower_priority(nice)
     budgeted = None
     if (budget is not None or yield_to is not None) and getattr(translator, "model", None) is not None:
         translator.model = budgeted = Budgeted(translator.model, budget, yield_to)
@@ -211,6 +211,20 @@ def _child(conn, opener: Callable[[], tuple], threads: int | None, nice: int, bu
             conn.send(("failed", f"{type(reply[1]).__name__}: {reply[1]}"))
         except (BrokenPipeError, OSError):
             return
+
+
+def _lower_priority(nice: int) -> None:
+    """``nice`` more for every thread of this process (torch's threads have started: each has its own
+    priority on Linux), or for this thread where there are no others to find."""
+    try:
+        tasks = [int(task) for task in os.listdir("/proc/self/task")]
+    except OSError:
+        tasks = [0]
+    for task in tasks:
+        try:
+            os.setpriority(os.PRIO_PROCESS, task, os.getpriority(os.PRIO_PROCESS, task) + nice)
+        except OSError:  # a thread that ended, or a system that does not allow it: that thread keeps its own
+            pass
 
 
 def _answerer(translator) -> Callable[[str, tuple], object]:

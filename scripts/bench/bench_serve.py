@@ -18,6 +18,13 @@ for their answer never have more than N sentences waiting), in their order and s
 ``--soak A B``: RSS after A requests and after B (the goal: B's within 10% of A's), with the clients
 cycling through the file.
 
+``--hog N``: a busy machine. Per level of N legitimate clients, ``--seconds`` alone, then as long again
+beside N processes that each keep a core busy; the server's start-up alone and beside them; errors,
+answers that differ from the same sentence's alone, p50 and p99 (``busy.py``).
+
+    python scripts/bench/bench_serve.py runs/demo --src runs/demo/toy/test.en --hog 2 --clients 64 \\
+        --seconds 20
+
 ``--hostile H``: fairness under hostile load. Per level of N legitimate clients (one sentence a request,
 the model's own settings, as the page sends them), ``--seconds`` of them alone, then as long again beside
 H clients that send, as soon as each answer comes, the most expensive requests the server's limits allow
@@ -42,6 +49,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: scriptargs and the tools
 
+from busy import hog_report, hog_run
 from scriptargs import InputFile, Model, Number, OutputFile, ScriptParser, guarded, require_module
 
 from attnmt.data.readers import read_lines
@@ -65,7 +73,7 @@ def start_server(model: str, args: list[str], log: Path) -> tuple[subprocess.Pop
     with open(log, "w", encoding="utf-8") as stderr:
         process = subprocess.Popen([sys.executable, "-m", "attnmt", "serve", model, "--port", "0", *args],
                                    stdout=subprocess.DEVNULL, stderr=stderr)
-    for _ in range(1200):
+    for _ in range(6000):  # 5 minutes: beside busy processes (--hog) a start-up takes longer
         first = log.read_text(encoding="utf-8").split("\n")[0]
         if first.startswith("attnmt serve: http://") or process.poll() is not None:
             break
@@ -246,6 +254,9 @@ def build_parser() -> ScriptParser:
     parser.add_argument("--hostile", type=Number(int, low=1, high=1024),
                         help="Fairness: this many clients sending the costliest requests the limits allow, "
                         "beside the legitimate ones (see above).")
+    parser.add_argument("--hog", type=Number(int, low=1, high=64),
+                        help="A busy machine: each level alone, then beside this many busy processes; "
+                        "start-up alone and beside them (see busy.py).")
     parser.add_argument("--serve-args", default="", help="More options for attnmt serve.")
     parser.add_argument("--json", type=OutputFile(), help="Write the results here too.")
     parser.checks.append(check_soak)
@@ -268,6 +279,14 @@ def main(argv: list[str] | None = None) -> None:
     src.write_text("".join(s + "\n" for s in sentences), encoding="utf-8")
     out: dict = {"model": model, "sentences": len(sentences), "cpu": os.cpu_count(),
                  "beam_size": args.beam_size}
+    if args.hog:
+        out["hog"] = hog_run(model, args, sentences, start_server, stop, percentile, src.with_suffix(".log"))
+        src.unlink(missing_ok=True)
+        src.with_suffix(".log").unlink(missing_ok=True)
+        hog_report(out["hog"])
+        if args.json:
+            args.json.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
+        return
     if args.hostile:
         out["hostile"] = hostile_run(model, args, src)
         src.unlink(missing_ok=True)

@@ -171,7 +171,10 @@ def smoke_runs(w: World, tmp: Path) -> dict[str, list[Run]]:
         "bench_serve.py": [Run(
             [w.run, "--src", w.toy / "test.en", "--limit", 2, "--clients", 1, "--seconds", 1,
              "--serve-args=--bulk-above 0 --threads 1", "--json", tmp / "serve.json"],
-            "| clients | requests |")],
+            "| clients | requests |"),
+            # --hog 1: the same level alone and beside one busy process, and the start-up both ways
+            Run([w.run, "--src", w.toy / "test.en", "--limit", 2, "--clients", 1, "--seconds", 1, "--hog", 1,
+                 "--serve-args=--bulk-above 0 --threads 1"], "| clients | requests alone / beside |")],
         # --smoke: 200/20/20 toy pairs, the recipes' smallest model, one reading of each of the three models
         "bench_toy_align.py": [Run(["--smoke", "--out", tmp / "out"], "| recipe | reading | AER |")],
         # --smoke: the toy task for Multi30k, the smallest model, 2 steps of the two runs symmetrised
