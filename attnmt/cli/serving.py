@@ -86,17 +86,12 @@ def serve(
     API's documentation at /docs. SIGTERM stops accepting, finishes what is in flight and exits 0. Every
     request is checked against the limits (stated in /info) before it is queued."""
     _needs_the_extra()
-    from ..serve.limits import Limits
-
-    limits = Limits(max_sentences, max_chars, max_beam, max_phrases, max_request_seconds, bulk_above,
-                    max_queue_seconds)
     if not all(math.isfinite(x) for x in (max_wait_ms, grace, max_request_seconds, max_queue_seconds)):
         raise ConfigError("--max-wait-ms, --grace, --max-request-seconds and --max-queue-seconds take finite "
                           "numbers")
     translator, cfg, path = open_translator(model, device)
-    if translator.decode.beam_size > max_beam:
-        raise ConfigError(f"--max-beam {max_beam} is below the model's decode.beam_size "
-                          f"{translator.decode.beam_size}: requests without a beam_size would be refused")
+    limits = _limits(translator, max_sentences, max_chars, max_beam, max_phrases, max_request_seconds,
+                     bulk_above, max_queue_seconds)
     sock = _bind(host, port)
     try:
         threads = threads if threads is not None else len(os.sched_getaffinity(0))
@@ -106,6 +101,16 @@ def serve(
         sock.close()
     if code:
         raise typer.Exit(code)
+
+
+def _limits(translator, max_sentences: int, max_chars: int, max_beam: int, *rest):
+    """The server's ``Limits``, the model's default beam within ``--max-beam``."""
+    from ..serve.limits import Limits
+
+    if translator.decode.beam_size > max_beam:
+        raise ConfigError(f"--max-beam {max_beam} is below the model's decode.beam_size "
+                          f"{translator.decode.beam_size}: requests without a beam_size would be refused")
+    return Limits(max_sentences, max_chars, max_beam, *rest)
 
 
 def _needs_the_extra() -> None:
