@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -52,8 +53,9 @@ def plot(model: ModelArg, sentences: opt.Sentences = None, input_: InputOpt = No
          limit: opt.Limit = None, out: opt.FiguresOut = None, html: opt.Html = None, tgt: opt.PlotTgt = None,
          gold: opt.PlotGold = None, one_based: opt.PlotOneBased = False, layer: opt.PlotLayer = None,
          head: opt.PlotHead = None, self_: opt.SelfAttention = False, rollout: opt.Rollout = False,
-         flow: opt.Flow = False, words: opt.PlotWords = False, fmt: FormatOpt = "png", dpi: DpiOpt = 100,
-         beam_size: BeamOpt = None, device: DeviceOpt = "auto") -> None:
+         flow: opt.Flow = False, flow_budget: opt.FlowBudget = None, words: opt.PlotWords = False,
+         fmt: FormatOpt = "png", dpi: DpiOpt = 100, beam_size: BeamOpt = None,
+         device: DeviceOpt = "auto") -> None:
     """Translate sentences, then draw the model's attention on each sentence and its translation.
 
     The translation is read back under teacher forcing, so every layer and head is there: an LSTM's one
@@ -65,6 +67,7 @@ def plot(model: ModelArg, sentences: opt.Sentences = None, input_: InputOpt = No
     (with --self); any layer, head or their average; a heatmap or a line view; pieces or words; the word
     alignment that align extracts drawn on top (with --tgt and --gold, coloured by gold, with each AER);
     with --rollout and --flow, attention rollout and flow, with each prediction's source share as a line.
+    A page whose flow would take longer than --flow-budget seconds (estimated) is refused before translating.
     """
     from ..insight.attention_maps import HeatmapOptions, draw_attention
     from ..insight.plot import KIND_TITLES
@@ -74,6 +77,10 @@ def plot(model: ModelArg, sentences: opt.Sentences = None, input_: InputOpt = No
     relevance = [name for name, given in (("rollout", rollout), ("flow", flow)) if given]
     if relevance and html is None:
         raise ConfigError(f"--{relevance[0]} is drawn on the --html page only")
+    if flow_budget is not None and not flow:
+        raise ConfigError("--flow-budget is read with --flow only: it bounds the time flow may take")
+    if flow_budget is not None and math.isnan(flow_budget):
+        raise ConfigError("--flow-budget nan: give a number of seconds (inf for no bound)")
     lines = sentences_or_input(sentences, input_)
     translator, cfg, checkpoint = open_for_attention(model, device, beam_size)
     n_layers, n_heads = attention_layout(cfg.model)
@@ -83,7 +90,8 @@ def plot(model: ModelArg, sentences: opt.Sentences = None, input_: InputOpt = No
     kinds = ("cross", "enc_self", "dec_self") if self_ else ("cross",)
     kinds += tuple(relevance)
     if html is not None:
-        _explore(translator, cfg, checkpoint, lines, limit, html, tgt, gold, one_based, kinds)
+        budget = (FLOW_BUDGET if flow_budget is None else flow_budget) if flow else None
+        _explore(translator, cfg, checkpoint, lines, limit, html, tgt, gold, one_based, kinds, budget)
         return
     layers = {kind: _check_number("--layer", layer, n_layers[kind], f"{KIND_TITLES[kind]} layers")
               for kind in kinds}
@@ -117,8 +125,10 @@ def _check_plot_options(out: Path | None, html: Path | None, tgt: Path | None, g
 
 
 def _explore(translator, cfg, checkpoint: Path, lines, limit, html: Path, tgt: Path | None, gold: Path | None,
-             one_based: bool, kinds) -> None:
-    """``plot --html``: read the sources (and targets, gold), write the explorer page."""
+             one_based: bool, kinds, flow_budget: float | None) -> None:
+    """``plot --html``: read the sources (and targets, gold), write the explorer page. With --flow
+    (``flow_budget`` seconds), the page's flow time is estimated before translating, and again from the
+    translations' lengths before reading any attention."""
     from ..data.readers import read_lines
     from ..insight.aligning import default_align_options
     from ..insight.alignment import read_gold
@@ -135,10 +145,44 @@ def _explore(translator, cfg, checkpoint: Path, lines, limit, html: Path, tgt: P
                             + (f" (--limit {limit})" if limit else ""))
     gold_links = read_gold(gold, len(sources), tgt, one_based, limit) if gold is not None else None
     started = time.perf_counter()
+    if flow_budget is not None:
+        _check_flow_time(translator, cfg, sources, targets, flow_budget)
+        if targets is None:
+            targets = translator.best(sources)
+            _check_flow_time(translator, cfg, sources, targets, flow_budget)
     options = default_align_options(cfg, checkpoint)
     done = explore(translator, sources, html, targets, kinds, options, gold_links, f"attnmt: {html.stem}")
     seconds = time.perf_counter() - started
     typer.echo(f"wrote {html} ({done.bytes / 1024:,.0f} KB): {done.sentences} sentence(s) in {seconds:.1f} s")
+
+
+# plot --flow's time bound, in seconds, without --flow-budget (see options.Flow for what it covers).
+FLOW_BUDGET = 30.0
+
+
+def _check_flow_time(translator, cfg, sources: list[str], targets: list[str] | None, budget: float) -> None:
+    """``plot --flow``: a ConfigError when attention flow on these pairs would take longer than ``budget``
+    seconds by ``rollout.flow_seconds`` (pieces with EOS/BOS, the model's layers); without targets, each
+    translation is taken to be as long as its source."""
+    from ..insight.rollout import flow_seconds
+    from ..models import attention_layout
+
+    layers, _ = attention_layout(cfg.model)
+    tokenizer = translator.tokenizer
+    prefix = len(tokenizer.encode_src([translator.source_prefix])[0]) if translator.source_prefix else 0
+    src = [len(ids) + prefix + 1 for ids in tokenizer.encode_src(sources)]
+    tgt = [len(ids) + 1 for ids in tokenizer.encode_tgt(targets)] if targets is not None else src
+    seconds = sum(flow_seconds(S, T, layers["enc_self"], layers["dec_self"]) for S, T in zip(src, tgt))
+    if seconds <= budget:
+        return
+    i = max(range(len(src)), key=lambda k: src[k] * tgt[k])
+    target = f"{tgt[i]} target pieces" if targets is not None else "a translation taken to be as long"
+    raise ConfigError(
+        f"--flow: attention flow on {len(src)} sentence(s) would take about {seconds:.1f} s by estimate, "
+        f"past --flow-budget {budget:g} (the longest, sentence {i + 1}: {src[i]} source pieces and {target}, "
+        f"through {layers['enc_self']} + {layers['dec_self']} layers; the time grows as the fourth power of "
+        f"a sentence's length): pass --flow-budget {math.ceil(seconds)} to draw it anyway, "
+        "or give fewer or shorter sentences")
 
 
 def _reverse_model(model: Path, cfg, reverse: Path, device, beam_size):
