@@ -79,8 +79,6 @@ def plot(model: ModelArg, sentences: opt.Sentences = None, input_: InputOpt = No
         raise ConfigError(f"--{relevance[0]} is drawn on the --html page only")
     if flow_budget is not None and not flow:
         raise ConfigError("--flow-budget is read with --flow only: it bounds the time flow may take")
-    if flow_budget is not None and math.isnan(flow_budget):
-        raise ConfigError("--flow-budget nan: give a number of seconds (inf for no bound)")
     lines = sentences_or_input(sentences, input_)
     translator, cfg, checkpoint = open_for_attention(model, device, beam_size)
     n_layers, n_heads = attention_layout(cfg.model)

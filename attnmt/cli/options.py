@@ -185,8 +185,8 @@ Flow = Annotated[bool, typer.Option("--flow", help="With --html: also attention 
                                     "2020): the maximum flow from each prediction to each input through the "
                                     "layers (Transformer; a max-flow problem per pair of pieces, so the time "
                                     "grows as the fourth power of a sentence's length: about 1 s for a "
-                                    "sentence of 40 pieces and 9 s for one of 85 on a 2 + 2-layer model, "
-                                    "24 s on 6 + 6; a page past --flow-budget is refused before "
+                                    "sentence of 40 pieces and 10 s for one of 85 on a 2 + 2-layer model, "
+                                    "28 s on 6 + 6; a page past --flow-budget is refused before "
                                     "translating).")]
 FlowBudget = Annotated[float | None, typer.Option("--flow-budget", min=0.0, metavar="SECONDS",
                                            help="With --flow: the seconds attention flow may take on the "

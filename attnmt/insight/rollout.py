@@ -160,12 +160,14 @@ def flow(enc_self: Sequence[np.ndarray], dec_self: Sequence[np.ndarray],
     return found[:, :S], found[:, S:]
 
 
-# The cost of ``flow`` on one pair, measured on the toy Transformer's pairs of 26 to 101 source pieces (2 + 2
-# layers; CPU seconds on an Intel Xeon, 2026-12-06; least squares, within 5% of each): a fixed part per
-# max-flow problem (scipy's checks and copies around the solver) and a part per edge of each problem's
-# network. Random attentions of 0 to 6 layers a side came within the estimate or up to 45% under it.
-SECONDS_PER_PROBLEM = 2.4e-4
-SECONDS_PER_EDGE = 2.5e-8
+# The cost of ``flow`` on one pair, measured on the toy Transformer's pairs of 26 to 151 source pieces (2 + 2
+# layers; CPU seconds, Intel Xeon, 2026-12-06): a fixed part per max-flow problem (scipy's checks and copies
+# around the solver) and a part per edge of each problem's network, rounded up from the least-squares fit:
+# each run took 88% to 102% of the estimate (the largest pairs cost a little more per edge: their networks
+# outgrow the caches); random attentions of 0 to 6 layers a side, 73% to 108% (diffuse attention costs
+# more). docs/tutorials/looking-inside.md has the table.
+SECONDS_PER_PROBLEM = 2.0e-4
+SECONDS_PER_EDGE = 3.0e-8
 
 
 def flow_seconds(S: int, T: int, enc_layers: int, dec_layers: int) -> float:
