@@ -78,7 +78,7 @@ def _heads(attention) -> np.ndarray:
 # Capacities (each at most 1) become integers for scipy's max-flow: scaled by 2^30, rounded, so every
 # capacity and every flow (at most the source's out-capacity, 1) fits in int32. Each rounded capacity is
 # within 2^-31 of its own, so a cut of k edges is within k 2^-31, and each maximum flow within E 2^-31
-# of the exact one (E the network's edges; under 2e-5 for a pair of 200 pieces each on 2 + 2 layers).
+# of the exact one (E the network's edges; under 1e-4 for a pair of 200 pieces each on 2 + 2 layers).
 SCALE = 2**30
 
 Edges = tuple[np.ndarray, np.ndarray, np.ndarray]  # (from nodes, to nodes, capacities)
