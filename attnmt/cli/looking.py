@@ -250,14 +250,12 @@ def align(model: ModelArg, src: opt.Src, tgt: opt.AlignTgt = None, gold: opt.Ali
     if full_context is not None and from_.value != "attention":
         flag = "--full-context" if full_context else "--causal"
         raise ConfigError(f"{flag} chooses which attention is read; --from {from_.value} reads no attention")
+    named = None  # the reverse model a run's reverse.json names, said once it has loaded (else one line)
     if reverse is None and not one_way and calibrate_ is None:
-        reverse = read_reverse(model)
+        reverse = named = read_reverse(model)
         if reverse is not None and not reverse.exists():
             sys.stderr.write(f"warning: reverse.json names {reverse}, which is not there: aligning one way\n")
-            reverse = None
-        if reverse is not None:
-            sys.stderr.write(f"aligning both ways, with the reverse model {reverse} (reverse.json; --one-way "
-                             "for one direction)\n")
+            reverse = named = None
     check_request(AlignRequest(tgt, gold, hyp_out, output, layer, heads, shift, threshold, reverse,
                                symmetrize_.value if symmetrize_ is not None else None, from_.value,
                                calibrate_))
@@ -274,6 +272,9 @@ def align(model: ModelArg, src: opt.Src, tgt: opt.AlignTgt = None, gold: opt.Ali
     given = (layer, heads)  # each model read with its own defaults where these are None
     layer, heads, options = model_reading(cfg, *given, "", checkpoint, **reading)
     back, back_options = _reverse_reading(model, cfg, reverse, device, beam_size, reading, *given)
+    if named is not None:
+        sys.stderr.write(f"aligning both ways, with the reverse model {named} (reverse.json; --one-way for "
+                         "one direction)\n")
     if targets is None:  # the model's own translations, kept (--hyp-out) before the alignment's work
         targets = _own_translations(translator, sources, hyp_out)
     with FileProgress(len(sources) * (2 if back is not None else 1), "aligning") as progress:

@@ -396,3 +396,22 @@ def test_any_value_of_any_imported_field_is_taken_or_one_line_exit_4(marian_copy
         MarianConfig.model_validate({**json.loads(kept), key: value})
     except ValueError:
         assert "config.json" in line and key in line, line
+
+
+def test_a_reverse_model_that_fails_to_load_is_one_line(worlds, tmp_path):
+    """A reverse run that passes the checks made before loading (its config.yaml translates the other way)
+    but whose checkpoint does not: the error alone, not the note that it aligns both ways before it."""
+    back = tmp_path / "back"
+    shutil.copytree(worlds["run"], back)
+    config = (back / "config.yaml").read_text(encoding="utf-8")
+    swapped = config.replace("src_lang: en", "src_lang: @").replace("tgt_lang: de", "tgt_lang: en")
+    (back / "config.yaml").write_text(swapped.replace("src_lang: @", "src_lang: de"), encoding="utf-8")
+    path = worlds["run"] / "reverse.json"
+    kept = path.read_bytes()
+    try:
+        path.write_text(json.dumps({"model": str(back)}), encoding="utf-8")
+        code, stderr = cli(*ALIGN)(worlds["run"])
+    finally:
+        path.write_bytes(kept)
+    assert code == 2, stderr
+    assert "it translates en->de" in assert_one_error_line(stderr)
