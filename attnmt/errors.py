@@ -97,6 +97,8 @@ def is_out_of_memory(error: BaseException) -> bool:
     memory or the threads ran out (``_MEMORY_WORDS``, ``_THREAD_WORDS``), or a SystemError of ``_NULL_WORDS``
     out of an import; told apart by name and message so that this module needs no torch. An OSError with an
     errno is ``os_error``'s to map (ENOMEM: exit 5 naming its file)."""
+    if isinstance(error, MemoryError):  # at once: with no memory left, even the chain's list may fail
+        return True
     for seen in _chain(error):
         if isinstance(seen, MemoryError) or type(seen).__name__ == "OutOfMemoryError":
             return True
@@ -114,12 +116,14 @@ def is_out_of_memory(error: BaseException) -> bool:
 def raised_while_importing(error: BaseException) -> bool:
     """``error`` came out of a module being imported: an ImportError, Python's import machinery on its
     traceback, or the import itself returning NULL (``_find_and_load``)."""
-    import traceback
-
     if isinstance(error, ImportError) or "_find_and_load" in str(error):
         return True
-    return any(frame.f_code.co_filename.startswith("<frozen importlib")
-               for frame, _ in traceback.walk_tb(error.__traceback__))
+    tb = error.__traceback__  # walked by hand: no import, so little memory, where memory ran out
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def memory_message(error: BaseException) -> str:

@@ -30,7 +30,14 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from ..errors import RESOURCE_ERRNOS, AttnmtError, is_out_of_memory, memory_message, os_error
+from ..errors import (
+    LOADING_OUT_OF_MEMORY,
+    RESOURCE_ERRNOS,
+    AttnmtError,
+    is_out_of_memory,
+    memory_message,
+    os_error,
+)
 from .contract import DECLARED, Declared, Output, Param, as_list, check_options, parameters
 from .runtime import settle_process
 
@@ -54,12 +61,29 @@ class _OneLineErrors(TyperGroup):
         except typer.Abort:
             sys.stderr.write("Aborted!\n")
             sys.exit(1)
-        except (MemoryError, ImportError) as e:  # outside a command's guard: parsing, the help's rich
-            if not is_out_of_memory(e):
+        except (MemoryError, ImportError) as e:  # outside a command's guard (parsing, the help), or in it
+            if not _exit_out_of_memory(e):
                 raise
-            sys.stderr.write(f"error: {memory_message(e)}\n")
-            sys.exit(5)
         sys.exit(code if isinstance(code, int) else 0)
+
+
+# Made while there was memory: the last line when even the message cannot be made.
+_LAST_LINE = f"error: {LOADING_OUT_OF_MEMORY}\n".encode()
+
+
+def _exit_out_of_memory(error: BaseException) -> bool:
+    """Exit 5 with the one line of ``error`` if it is memory that ran out (else False). Written with
+    ``os.write``; where nothing more can be allocated (the guard's own line failed), ``_LAST_LINE`` and
+    ``os._exit``: a traceback of MemoryErrors, and then glibc spinning for a new arena, is what it was."""
+    try:
+        if not is_out_of_memory(error):
+            return False
+        if not _state["said"]:  # the guard's line went out, and the memory ran out after it
+            os.write(2, f"error: {memory_message(error)}\n".encode())
+    except MemoryError:
+        os.write(2, _LAST_LINE)
+        os._exit(5)
+    sys.exit(5)
 
 
 app = typer.Typer(
@@ -72,7 +96,7 @@ app = typer.Typer(
     rich_markup_mode="rich",
 )
 
-_state = {"debug": False}
+_state = {"debug": False, "said": False}  # said: this invocation's error line is written
 
 
 def _print_version(value: bool) -> None:
@@ -90,7 +114,7 @@ def main(
     version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
                                           help="Print the version and exit.")] = False,
 ) -> None:
-    _state["debug"] = debug
+    _state["debug"], _state["said"] = debug, False
     # The console shows warnings (everything with --debug); a run's own log file may record more.
     root = logging.getLogger()
     handler = next((h for h in root.handlers if getattr(h, "attnmt_console", False)), None)
@@ -122,6 +146,7 @@ def _log_warning(message: Warning | str, category: type[Warning], filename: str,
 def fail(message: str, code: int) -> None:
     sys.stderr.write(f"error: {message}\n")
     sys.stderr.flush()
+    _state["said"] = True
     raise typer.Exit(code)
 
 
