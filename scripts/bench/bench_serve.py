@@ -23,7 +23,7 @@ beside N processes that each keep a core busy; the server's start-up alone and b
 answers that differ from the same sentence's alone, p50 and p99 (``busy.py``).
 
     python scripts/bench/bench_serve.py runs/demo --src runs/demo/toy/test.en --hog 2 --clients 64 \\
-        --seconds 20
+        --bulk-lines 54 --seconds 20
 
 ``--hostile H``: fairness under hostile load. Per level of N legitimate clients (one sentence a request,
 the model's own settings, as the page sends them), ``--seconds`` of them alone, then as long again beside
@@ -257,6 +257,8 @@ def build_parser() -> ScriptParser:
     parser.add_argument("--hog", type=Number(int, low=1, high=64),
                         help="A busy machine: each level alone, then beside this many busy processes; "
                         "start-up alone and beside them (see busy.py).")
+    parser.add_argument("--bulk-lines", type=Number(int, low=0, high=10_000), default=0,
+                        help="With --hog: one more client sending this many sentences a request.")
     parser.add_argument("--serve-args", default="", help="More options for attnmt serve.")
     parser.add_argument("--json", type=OutputFile(), help="Write the results here too.")
     parser.checks.append(check_soak)

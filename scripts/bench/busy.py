@@ -4,7 +4,8 @@
 as any ordinary job would; each stops by itself after ``limit`` seconds, and is killed on the way out).
 ``hog_run`` starts the server on a quiet machine and times its start-up, then, per level of ``--clients``,
 sends ``--seconds`` of legitimate requests (one sentence each, the model's settings, each client sending
-its next as soon as its answer comes) alone, then as long again beside the hogs; and finally starts the
+its next as soon as its answer comes; with ``--bulk-lines K``, one more client sending K sentences a
+request, which the bulk lane decodes) alone, then as long again beside the hogs; and finally starts the
 server again beside the hogs, for the start-up time there. An answer is correct when it is 200 and its
 translation is the one the same sentence got alone (a sentence first sent beside the hogs is checked
 against nothing, and counted apart).
@@ -35,66 +36,72 @@ def hogs(n: int, limit: float = 3600) -> Iterator[list[subprocess.Popen]]:
 
 
 async def phase(url: str, sentences: list[str], clients: int, seconds: float, seen: dict[str, str],
-                learn: bool) -> dict:
-    """``clients`` legitimate clients for ``seconds``; ``seen``: each sentence's translation alone, checked,
-    and with ``learn`` (the quiet phase) filled where missing."""
+                learn: bool, bulk: int = 0) -> dict:
+    """``clients`` legitimate clients of one sentence a request for ``seconds``, and with ``bulk`` one more
+    that sends ``bulk`` sentences a request (the bulk lane's); ``seen``: each sentence's translation
+    alone, checked, and with ``learn`` (the quiet phase) filled where missing."""
     import aiohttp
 
-    record: dict[int, list[float]] = {}
-    wrong = unchecked = 0
-    async with aiohttp.ClientSession(url, connector=aiohttp.TCPConnector(limit=clients),
+    records: dict[str, dict[int, list[float]]] = {"one": {}, "bulk": {}}
+    counts = {"wrong": 0, "unchecked": 0}
+    async with aiohttp.ClientSession(url, connector=aiohttp.TCPConnector(limit=clients + 1),
                                      timeout=aiohttp.ClientTimeout(total=600)) as client:
         until = time.perf_counter() + seconds
 
-        async def worker(k: int) -> None:
-            nonlocal wrong, unchecked
+        async def worker(k: int, size: int, record: dict[int, list[float]]) -> None:
             while time.perf_counter() < until:
-                text = sentences[k % len(sentences)]
-                k += clients
+                texts = [sentences[(k + j) % len(sentences)] for j in range(size)]
+                k += clients * size
                 t0 = time.perf_counter()
                 try:
-                    async with client.post("/translate", json={"text": text}) as answer:
+                    async with client.post("/translate", json={"text": texts}) as answer:
                         status, body = answer.status, await answer.json(content_type=None)
                 except (aiohttp.ClientError, ValueError):
                     status, body = 0, None
                 record.setdefault(status, []).append(time.perf_counter() - t0)
-                if status != 200:
-                    continue
-                found = body["translations"][0]["outputs"][0]["text"]
-                if text in seen:
-                    wrong += seen[text] != found
-                elif learn:
-                    seen[text] = found
-                else:
-                    unchecked += 1
+                if status == 200:
+                    check(texts, [t["outputs"][0]["text"] for t in body["translations"]])
 
-        await asyncio.gather(*(worker(k) for k in range(clients)))
-    return {"record": record, "wrong": wrong, "unchecked": unchecked}
+        def check(texts: list[str], found: list[str]) -> None:
+            for text, translation in zip(texts, found):
+                if text in seen:
+                    counts["wrong"] += seen[text] != translation
+                elif learn:
+                    seen[text] = translation
+                else:
+                    counts["unchecked"] += 1
+
+        await asyncio.gather(*(worker(k, 1, records["one"]) for k in range(clients)),
+                             *([worker(0, bulk, records["bulk"])] if bulk else []))
+    return {"record": records["one"], "bulk": records["bulk"], **counts}
 
 
 def summary(result: dict, percentile) -> dict:
-    record = result["record"]
-    answered = record.get(200, [])
-    return {"requests": sum(len(times) for times in record.values()),
-            "errors": {str(status): len(times) for status, times in sorted(record.items()) if status != 200},
-            "wrong": result["wrong"], "unchecked": result["unchecked"],
-            **{f"p{q}_ms": round(percentile(answered, q) * 1000, 1) for q in (50, 99)}}
+    def of(record: dict[int, list[float]]) -> dict:
+        answered = record.get(200, [])
+        return {"requests": sum(len(times) for times in record.values()),
+                "errors": {str(status): len(times) for status, times in sorted(record.items())
+                           if status != 200},
+                **{f"p{q}_ms": round(percentile(answered, q) * 1000, 1) for q in (50, 99)}}
+
+    return {**of(result["record"]), "wrong": result["wrong"], "unchecked": result["unchecked"],
+            "bulk": of(result["bulk"])}
 
 
 def hog_run(model: str, args, sentences: list[str], start_server, stop, percentile, log) -> dict:
     """``--hog``: start-up alone, each level alone then beside the hogs, start-up beside them."""
     serve_args = args.serve_args.split()
-    out: dict = {"hogs": args.hog, "levels": []}
+    out: dict = {"hogs": args.hog, "bulk_lines": args.bulk_lines, "levels": []}
     t0 = time.perf_counter()
     process, url = start_server(model, serve_args, log)
     out["startup_alone_s"] = round(time.perf_counter() - t0, 1)
     seen: dict[str, str] = {}
     try:
         for clients in args.clients:
-            quiet = asyncio.run(phase(url, sentences, clients, args.seconds, seen, learn=True))
+            quiet = asyncio.run(phase(url, sentences, clients, args.seconds, seen, True, args.bulk_lines))
             with hogs(args.hog):
                 time.sleep(1)
-                busy = asyncio.run(phase(url, sentences, clients, args.seconds, seen, learn=False))
+                busy = asyncio.run(phase(url, sentences, clients, args.seconds, seen, False, args.bulk_lines))
             level = {"clients": clients, "alone": summary(quiet, percentile),
                      "beside": summary(busy, percentile)}
             out["levels"].append(level)
@@ -119,9 +126,14 @@ def hog_report(out: dict) -> None:
           "| p50 ms alone / beside | p99 ms alone / beside |")
     print("| --- | --- | --- | --- | --- | --- |")
     for level in out["levels"]:
-        alone, beside = level["alone"], level["beside"]
-        errors = f"{sum(alone['errors'].values())} / {sum(beside['errors'].values())}"
-        errors += f" {beside['errors']}" if beside["errors"] else ""
-        print(f"| {level['clients']} | {alone['requests']} / {beside['requests']} | {errors} | "
-              f"{beside['wrong']} | {alone['p50_ms']} / {beside['p50_ms']} | {alone['p99_ms']} / "
-              f"{beside['p99_ms']} |")
+        for kind in ("one", "bulk"):
+            alone = level["alone"] if kind == "one" else level["alone"]["bulk"]
+            beside = level["beside"] if kind == "one" else level["beside"]["bulk"]
+            if not alone["requests"]:
+                continue
+            who = level["clients"] if kind == "one" else f"1 of {out['bulk_lines']} sentences"
+            errors = f"{sum(alone['errors'].values())} / {sum(beside['errors'].values())}"
+            errors += f" {beside['errors']}" if beside["errors"] else ""
+            wrong = level["beside"]["wrong"] if kind == "one" else "(with the above)"
+            print(f"| {who} | {alone['requests']} / {beside['requests']} | {errors} | {wrong} | "
+                  f"{alone['p50_ms']} / {beside['p50_ms']} | {alone['p99_ms']} / {beside['p99_ms']} |")

@@ -117,7 +117,12 @@ class World:
 
 @pytest.fixture(scope="module")
 def world(tiny, tmp_path_factory) -> World:
-    root = tmp_path_factory.mktemp("fuzz")
+    return make_world(tiny, tmp_path_factory.mktemp("fuzz"))
+
+
+def make_world(tiny, root: Path, marian: bool = True) -> World:
+    """The baselines' world in ``root``: the tiny run, two of its checkpoints, a project with a config and a
+    corpus, and (``marian``) an OPUS-MT folder to import."""
     run = root / "run"
     shutil.copytree(tiny.reference("transformer"), run, ignore=shutil.ignore_patterns(".lock"))
     checkpoints = sorted(run.glob("checkpoints/step_*.pt"))
@@ -128,8 +133,9 @@ def world(tiny, tmp_path_factory) -> World:
     src.write_text("monday , 3 june 2001\nsaturday the 4th of april 2004\n", encoding="utf-8")
     tgt.write_text("montag , 3. juni 2001\nsamstag , 4. april 2004\n", encoding="utf-8")
     paths = {"<run>": run, "<ckpt>": checkpoints[-1], "<member>": checkpoints[-2], "<src>": src, "<tgt>": tgt,
-             "<config>": project / "config.yaml", "<corpus>": project / "data",
-             "<marian>": make_marian(project / "opus-mt-tiny")}
+             "<config>": project / "config.yaml", "<corpus>": project / "data"}
+    if marian:
+        paths["<marian>"] = make_marian(project / "opus-mt-tiny")
     return World(root, project, paths, itertools.count())
 
 

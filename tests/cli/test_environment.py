@@ -9,7 +9,6 @@ them, in processes of their own (the environment is the process's)."""
 
 from __future__ import annotations
 
-import itertools
 import os
 import shutil
 import subprocess
@@ -19,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from helpers import OFFLINE_ENV, assert_one_error_line
-from test_cli_fuzz import World, argv, invoke_in
+from test_cli_fuzz import World, argv, invoke_in, make_world
 from typer.testing import CliRunner
 
 from attnmt.cli import app
@@ -57,19 +56,7 @@ TEXT = text_parameters()
 @pytest.fixture(scope="module")
 def world(tiny, tmp_path_factory) -> World:
     """The fuzz's world (its baselines' run, checkpoints, project and corpus) without an imported model."""
-    root = tmp_path_factory.mktemp("environment")
-    run = root / "run"
-    shutil.copytree(tiny.reference("transformer"), run, ignore=shutil.ignore_patterns(".lock"))
-    checkpoints = sorted(run.glob("checkpoints/step_*.pt"))
-    project = root / "project"
-    (project / "data").mkdir(parents=True)
-    shutil.copy(tiny.config["transformer"], project / "config.yaml")
-    src, tgt = project / "data" / "train.en", project / "data" / "train.de"
-    src.write_text(f"{SENTENCE}\nsaturday the 4th of april 2004\n", encoding="utf-8")
-    tgt.write_text("montag , 3. juni 2001\nsamstag , 4. april 2004\n", encoding="utf-8")
-    paths = {"<run>": run, "<ckpt>": checkpoints[-1], "<member>": checkpoints[-2], "<src>": src, "<tgt>": tgt,
-             "<config>": project / "config.yaml", "<corpus>": project / "data"}
-    return World(root, project, paths, itertools.count())
+    return make_world(tiny, tmp_path_factory.mktemp("environment"), marian=False)
 
 
 def test_the_walk_finds_the_text_arguments():
