@@ -211,9 +211,9 @@ def _run(sock, translator, cfg, path: Path, batching: tuple[int, float, int], li
 
 def _lanes(translator, path: Path, batching: tuple[int, float, int], limits) -> tuple:
     """The interactive lane and, with ``limits.bulk_above``, the bulk lane: each a decoder process and a
-    batcher over it, the bulk one waiting before each step while the interactive one works and at a lower
-    priority (``BULK_NICE``); both decoders load the model at once. Each batcher's rate starts at what its
-    decoder measured on ``PROBE``."""
+    batcher over it, the bulk one waiting before each step while the interactive one works, at a lower
+    priority (``BULK_NICE``), its threads waiting passively; both decoders load the model at once. Each
+    batcher's rate starts at what its decoder measured on ``PROBE``."""
     from ..serve.batcher import Batcher, Lane, Lanes
     from ..serve.decoder_process import PROBE, DecoderProcess
 
@@ -222,7 +222,7 @@ def _lanes(translator, path: Path, batching: tuple[int, float, int], limits) -> 
                                               busy=DecoderProcess.flag() if limits.bulk_above else None)}
     if limits.bulk_above:
         decoders["bulk"] = DecoderProcess(opener, batching[2], nice=BULK_NICE, budget=limits.max_seconds,
-                                          yield_to=decoders["interactive"].busy)
+                                          yield_to=decoders["interactive"].busy, passive=True)
     measure = lambda lines: sum(len(ids) + 1 for ids in translator.tokenizer.encode_src(lines))  # noqa: E731
     probe = measure(PROBE) * translator.decode.beam_size
     made = {}

@@ -30,10 +30,16 @@ search, the word scores or the attention maps stop at the first step past it wit
 ``serve_limits.OverBudget``, and the child goes on with the next batch. A CTranslate2 export decodes in
 one call that cannot be cut: its batches are bounded by the limits alone.
 
-The decoders' OpenMP threads wait passively (``OMP_WAIT_POLICY=PASSIVE`` unless the environment says
-otherwise, set before the child starts): spinning threads that wait at every operation for a sibling the
-kernel gave to another process made a 0.2 s batch take 6 to 15 s beside two busy processes on 2 cores,
-and burnt ten times its CPU time (``scripts/bench/bench_serve.py --hog``; docs/how-to/serve.md).
+Each decoder adapts its intra-op threads to the machine (``ThreadShare``): while its decoding thread gets
+the CPU time of the wall clock it spends, it decodes with all its threads; when other processes take the
+cores (its thread had under 60% of the wall clock), it falls back to one thread, and tries all again
+once one thread gets the CPU it asks for and a hold has passed. Two threads that wait for each other at
+every operation, one of them given to another process by the kernel, made a 0.2 s batch take 1 to 15 s
+beside busy processes on 2 cores (OpenMP's threads spin while they wait; passive waits kept them fast
+there, but made a one-line request 2.5x slower on a quiet machine). The bulk decoder's threads wait
+passively all the same (``passive``): spinning while it paused, or between the operations of a step the
+interactive decoder's work had interrupted, they took the interactive decoder's cores (its p99 beside
+the costliest requests went from 1x to 2.7-3.7x its value alone).
 """
 
 from __future__ import annotations
@@ -68,9 +74,11 @@ class _Remote:
 
 class DecoderProcess:
     def __init__(self, opener: Callable[[], tuple], threads: int | None, nice: int = 0,
-                 budget: float | None = None, busy=None, yield_to=None) -> None:
+                 budget: float | None = None, busy=None, yield_to=None, passive: bool = False) -> None:
         """Start the child (``wait_ready`` waits for its model). ``busy``: a shared flag (``flag()``) this
-        side raises while the child works; ``yield_to``: one the child waits on before each model step."""
+        side raises while the child works; ``yield_to``: one the child waits on before each model step;
+        ``passive``: its OpenMP threads sleep while they wait (``OMP_WAIT_POLICY=PASSIVE``, unless the
+        environment sets a policy)."""
         context = spawn_context()  # spawn, and the child dies with the server however it ends (children.py)
         self._conn, child = context.Pipe()
         self._lock = threading.Lock()
@@ -78,11 +86,12 @@ class DecoderProcess:
         self.process = context.Process(target=_child, args=(child, opener, threads, nice, budget, yield_to),
                                        name="attnmt-decoder", daemon=True)
         given = os.environ.get("OMP_WAIT_POLICY")
-        os.environ["OMP_WAIT_POLICY"] = given or "PASSIVE"  # the child's OpenMP reads it when it loads
+        if passive and given is None:
+            os.environ["OMP_WAIT_POLICY"] = "PASSIVE"  # read by the child's OpenMP as it loads
         try:
             self.process.start()
         finally:
-            if given is None:
+            if passive and given is None:
                 del os.environ["OMP_WAIT_POLICY"]
         child.close()
 
@@ -145,15 +154,20 @@ class Budgeted:
     def __init__(self, model, budget: float | None, yield_to=None) -> None:
         self.model, self.budget, self.yield_to = model, budget, yield_to
         self.deadline: float | None = None
+        self.paused = 0.0  # seconds waited for the flag since ``start``
 
     def start(self, timed: bool = True) -> None:
         """The budget starts now (a batch begins); ``timed`` False: no budget for this one."""
         timed = timed and self.budget is not None
         self.deadline = time.thread_time() + self.budget if timed else None
+        self.paused = 0.0
 
     def _check(self) -> None:
-        while self.yield_to is not None and self.yield_to.value:
-            time.sleep(0.001)
+        if self.yield_to is not None and self.yield_to.value:
+            started = time.perf_counter()
+            while self.yield_to.value:
+                time.sleep(0.001)
+            self.paused += time.perf_counter() - started
         if self.deadline is not None and time.thread_time() > self.deadline:
             raise OverBudget(f"the batch ran over the server's time budget of {self.budget:g} s "
                              "(--max-request-seconds) and was cut: send fewer or shorter sentences, or "
@@ -178,6 +192,34 @@ class Budgeted:
         return getattr(self.model, name)
 
 
+class ThreadShare:
+    """How many intra-op threads a decoder uses (see the module docstring): ``after(cpu, wall)`` of each
+    piece of work, its decoding thread's CPU seconds against the wall-clock seconds it was not waiting on
+    purpose, moves between ``full`` and one thread through ``set_threads``. ``hold``: seconds before one
+    thread that gets its CPU tries all again; doubled each time all fall back within it, at most 64 s."""
+
+    LOW, HIGH, SHORTEST = 0.6, 0.9, 0.02  # fall back under LOW, try all again over HIGH; shorter: no signal
+
+    def __init__(self, full: int, set_threads: Callable[[int], None], clock=time.monotonic) -> None:
+        self.full, self.now, self.set_threads, self.clock = full, full, set_threads, clock
+        self.hold, self.since, self.raised = 1.0, 0.0, 0.0
+
+    def after(self, cpu: float, wall: float) -> None:
+        if self.full == 1 or wall < self.SHORTEST:
+            return
+        share, now = cpu / wall, self.clock()
+        if self.now > 1 and share < self.LOW:
+            self.hold = min(64.0, self.hold * 2) if now - self.raised < self.hold else 1.0
+            self._use(1, now)
+        elif self.now == 1 and share > self.HIGH and now - self.since >= self.hold:
+            self._use(self.full, now)
+            self.raised = now
+
+    def _use(self, threads: int, now: float) -> None:
+        self.now, self.since = threads, now
+        self.set_threads(threads)
+
+
 def _child(conn, opener: Callable[[], tuple], threads: int | None, nice: int, budget: float | None,
            yield_to) -> None:
     """The decoder's loop: answer each message until the pipe closes."""
@@ -194,6 +236,7 @@ def _child(conn, opener: Callable[[], tuple], threads: int | None, nice: int, bu
     if (budget is not None or yield_to is not None) and getattr(translator, "model", None) is not None:
         translator.model = budgeted = Budgeted(translator.model, budget, yield_to)
     answer = _answerer(translator)
+    share = ThreadShare(torch.get_num_threads(), torch.set_num_threads)
     while True:
         try:
             message = conn.recv()
@@ -201,10 +244,14 @@ def _child(conn, opener: Callable[[], tuple], threads: int | None, nice: int, bu
             return
         if budgeted is not None:
             budgeted.start(message[0] != "ready")
+        wall, cpu = time.perf_counter(), time.thread_time()
         try:
             reply = ("ok", answer(message[0], message[1:]))
         except Exception as e:  # noqa: BLE001 - the parent raises it again
             reply = ("error", e)
+        if message[0] != "ready":
+            waited = budgeted.paused if budgeted is not None else 0.0
+            share.after(time.thread_time() - cpu, time.perf_counter() - wall - waited)
         try:
             conn.send(reply)
         except (pickle.PicklingError, TypeError, AttributeError):

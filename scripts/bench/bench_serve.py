@@ -257,6 +257,8 @@ def build_parser() -> ScriptParser:
     parser.add_argument("--hog", type=Number(int, low=1, high=64),
                         help="A busy machine: each level alone, then beside this many busy processes; "
                         "start-up alone and beside them (see busy.py).")
+    parser.add_argument("--hog-torch", action="store_true",
+                        help="With --hog: the busy processes run torch's matrix products on every core.")
     parser.add_argument("--bulk-lines", type=Number(int, low=0, high=10_000), default=0,
                         help="With --hog: one more client sending this many sentences a request.")
     parser.add_argument("--serve-args", default="", help="More options for attnmt serve.")

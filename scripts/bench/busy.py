@@ -1,7 +1,8 @@
 """``bench_serve.py --hog N``: the server beside N busy processes, as on a machine that other work loads.
 
 ``hogs(n)`` starts N processes that each keep a core busy (plain Python arithmetic at the default priority,
-as any ordinary job would; each stops by itself after ``limit`` seconds, and is killed on the way out).
+as any ordinary job would; with ``--hog-torch`` matrix products on torch's threads, as a training job;
+each stops by itself after ``limit`` seconds, and is killed on the way out).
 ``hog_run`` starts the server on a quiet machine and times its start-up, then, per level of ``--clients``,
 sends ``--seconds`` of legitimate requests (one sentence each, the model's settings, each client sending
 its next as soon as its answer comes; with ``--bulk-lines K``, one more client sending K sentences a
@@ -21,12 +22,16 @@ import time
 from collections.abc import Iterator
 
 BUSY = "import time\nend = time.monotonic() + {limit}\nwhile time.monotonic() < end:\n    sum(range(1000))\n"
+# A training job's kind of work: matrix products on torch's threads, one per core, which spin while they wait.
+BUSY_TORCH = ("import time, torch\nend = time.monotonic() + {limit}\na = torch.randn(256, 256)\n"
+              "while time.monotonic() < end:\n    a = torch.tanh(a @ a * 0.01)\n")
 
 
 @contextlib.contextmanager
-def hogs(n: int, limit: float = 3600) -> Iterator[list[subprocess.Popen]]:
-    """N busy processes while the block runs."""
-    started = [subprocess.Popen([sys.executable, "-c", BUSY.format(limit=limit)]) for _ in range(n)]
+def hogs(n: int, limit: float = 3600, torch: bool = False) -> Iterator[list[subprocess.Popen]]:
+    """N busy processes while the block runs (``torch``: each multithreaded, as a training job)."""
+    code = (BUSY_TORCH if torch else BUSY).format(limit=limit)
+    started = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(n)]
     try:
         yield started
     finally:
@@ -91,7 +96,7 @@ def summary(result: dict, percentile) -> dict:
 def hog_run(model: str, args, sentences: list[str], start_server, stop, percentile, log) -> dict:
     """``--hog``: start-up alone, each level alone then beside the hogs, start-up beside them."""
     serve_args = args.serve_args.split()
-    out: dict = {"hogs": args.hog, "bulk_lines": args.bulk_lines, "levels": []}
+    out: dict = {"hogs": args.hog, "torch": args.hog_torch, "bulk_lines": args.bulk_lines, "levels": []}
     t0 = time.perf_counter()
     process, url = start_server(model, serve_args, log)
     out["startup_alone_s"] = round(time.perf_counter() - t0, 1)
@@ -99,7 +104,7 @@ def hog_run(model: str, args, sentences: list[str], start_server, stop, percenti
     try:
         for clients in args.clients:
             quiet = asyncio.run(phase(url, sentences, clients, args.seconds, seen, True, args.bulk_lines))
-            with hogs(args.hog):
+            with hogs(args.hog, torch=args.hog_torch):
                 time.sleep(1)
                 busy = asyncio.run(phase(url, sentences, clients, args.seconds, seen, False, args.bulk_lines))
             level = {"clients": clients, "alone": summary(quiet, percentile),
@@ -110,7 +115,7 @@ def hog_run(model: str, args, sentences: list[str], start_server, stop, percenti
     finally:
         if process.poll() is None:
             process.kill()
-    with hogs(args.hog):
+    with hogs(args.hog, torch=args.hog_torch):
         time.sleep(1)
         t0 = time.perf_counter()
         process, url = start_server(model, serve_args, log)
@@ -120,7 +125,8 @@ def hog_run(model: str, args, sentences: list[str], start_server, stop, percenti
 
 
 def hog_report(out: dict) -> None:
-    print(f"\nlegitimate clients alone, then beside {out['hogs']} busy process(es); server start-up "
+    kind = "torch" if out["torch"] else "Python"
+    print(f"\nlegitimate clients alone, then beside {out['hogs']} busy {kind} process(es); server start-up "
           f"{out['startup_alone_s']} s alone, {out['startup_beside_s']} s beside them")
     print("| clients | requests alone / beside | errors alone / beside | wrong beside "
           "| p50 ms alone / beside | p99 ms alone / beside |")

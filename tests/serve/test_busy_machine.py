@@ -13,7 +13,7 @@ import pytest
 from test_batcher import GREEDY, Recorder, pieces, texts
 
 from attnmt.serve.batcher import Batcher, Overloaded
-from attnmt.serve.decoder_process import Budgeted, DecoderProcess
+from attnmt.serve.decoder_process import Budgeted, DecoderProcess, ThreadShare
 from attnmt.serve.limits import OverBudget
 
 
@@ -116,3 +116,41 @@ def test_without_a_measured_rate_nothing_is_refused():
     recorder.gate.set()
     assert all(texts(f) == ["Z" * 100] for f in futures)
     assert batcher.close(10)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_decoder_falls_back_to_one_thread_while_others_take_the_cores():
+    """All threads while the decoding thread gets its wall clock's CPU; one when it gets under 60%; all again
+    once one thread gets over 90% and the hold has passed; a fall back soon after rising doubles the hold;
+    work too short to tell, or a decoder of one thread, changes nothing."""
+    used, clock = [], Clock()
+    share = ThreadShare(2, used.append, clock)
+    share.after(0.19, 0.2)
+    share.after(0.001, 0.01)  # too short to tell
+    assert used == [] and share.now == 2
+    share.after(0.1, 0.3)  # a third of the wall clock: others have the cores
+    assert used == [1]
+    share.after(0.2, 0.2)  # one thread gets its CPU, but within the hold (1 s)
+    assert used == [1]
+    clock.now += 1.5
+    share.after(0.2, 0.2)
+    assert used == [1, 2]
+    clock.now += 0.5
+    share.after(0.05, 0.2)  # falls back again at once: the hold doubles
+    assert used == [1, 2, 1] and share.hold == 2.0
+    clock.now += 1.5
+    share.after(0.2, 0.2)
+    assert used == [1, 2, 1]  # still held
+    clock.now += 1.0
+    share.after(0.2, 0.2)
+    assert used == [1, 2, 1, 2]
+    alone = ThreadShare(1, used.append, clock)
+    alone.after(0.0, 1.0)
+    assert used == [1, 2, 1, 2]
