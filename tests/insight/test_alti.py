@@ -66,7 +66,10 @@ def test_contributions_are_distributions_over_source_and_prefix(norm, seed):
     assert (found.source.sum(1) + found.prefix.sum(1)) == pytest.approx([1.0] * T, abs=1e-12)
     # the causal decoder: a prediction owes nothing to the inputs after its own
     assert (found.prefix[torch.triu_indices(T, T, 1).unbind()] == 0).all()
-    assert 0.0 < found.source.sum(1).min() and found.source.sum(1).max() < 1.0
+    # every prediction owes the source something, and the predictions together owe the prefix something: a
+    # single row may owe it nothing (ALTI's max(0, .) clips the decoder state's term where the cross-attention
+    # outweighs it; seed 2's post-norm model does so at one row on an AVX-512 Xeon, not on an EPYC)
+    assert 0.0 < found.source.sum(1).min() and found.source.sum(1).mean() < 1.0
 
 
 def test_without_residual_and_with_equal_values_alti_is_the_attention():
