@@ -40,7 +40,7 @@ import yaml
 from scriptargs import ConfigFile, Number, OutputFolder, ScriptParser, guarded, require_module
 
 from attnmt.errors import ConfigError
-from attnmt.insight.alignment import write_reverse
+from attnmt.insight.links import write_reverse
 
 REPO = Path(__file__).resolve().parents[1]
 ATTNMT = [sys.executable, "-m", "attnmt"]
@@ -98,7 +98,7 @@ def turn_links(path: Path, out: Path) -> Path:
     """The Pharaoh file ``path`` with every link turned round (target word, source word), written to ``out``
     once: the links the reverse guided model learns."""
     from attnmt.data.readers import read_lines
-    from attnmt.insight.alignment import format_pharaoh, parse_pharaoh
+    from attnmt.insight.links import format_pharaoh, parse_pharaoh
     from attnmt.runfiles import atomic_write_text
 
     if not out.exists():

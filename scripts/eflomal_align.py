@@ -43,7 +43,7 @@ def corpus_words(path: Path, limit: int | None = None) -> list[list[str]]:
 
 def read_links(path: Path) -> list[set[tuple[int, int]]]:
     from attnmt.data.readers import read_lines
-    from attnmt.insight.alignment import parse_pharaoh
+    from attnmt.insight.links import parse_pharaoh
 
     return [parse_pharaoh(line)[0] for line in read_lines(path)]
 
@@ -69,7 +69,7 @@ def align_words(src: list[list[str]], tgt: list[list[str]], work: Path) -> dict[
 
 
 def symmetrized(links: dict[str, list[set]], heuristic: str) -> list[set]:
-    from attnmt.insight.alignment import symmetrize
+    from attnmt.insight.links import symmetrize
 
     return [symmetrize(f, r, heuristic) for f, r in zip(links["forward"], links["reverse"])]
 
@@ -77,7 +77,7 @@ def symmetrized(links: dict[str, list[set]], heuristic: str) -> list[set]:
 def write_links(path: Path, links: list[set]) -> None:
     """``links`` as Pharaoh lines, replacing ``path`` whole (attnmt's atomic write: the user's file mode, no
     half file, no temporary file left behind)."""
-    from attnmt.insight.alignment import format_pharaoh
+    from attnmt.insight.links import format_pharaoh
     from attnmt.runfiles import atomic_write_text
 
     atomic_write_text(path, "".join(format_pharaoh(x) + "\n" for x in links))

@@ -44,7 +44,7 @@ from attnmt.config.describe import _models_in
 from attnmt.config.schema import Config, JsonlSource, TextSource, TsvSource, load_config
 from attnmt.data.readers import clean, read_corpus
 from attnmt.errors import CheckpointError, ConfigError, DataError
-from attnmt.insight.alignment import SYMMETRIZATIONS, alignment_scores, parse_pharaoh, read_gold, symmetrize
+from attnmt.insight.links import SYMMETRIZATIONS, alignment_scores, parse_pharaoh, read_gold, symmetrize
 from attnmt.models.checkpoint import load_checkpoint, load_model, read_pointer
 from attnmt.runfiles import RunDir
 

@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from ..errors import DataError
-from ..insight.align_request import check_source
+from ..insight.link_request import check_source
 from .app import command
 from .common import FileProgress, open_for_attention, read_pairs, write_output
 from .contract import Output
@@ -53,7 +53,7 @@ def attribute(
     integrated gradients delta (per row: the attributions' sum minus the output difference) and gap (the
     output difference).
     """
-    from ..insight.aligning import default_align_options
+    from ..insight.reading import default_align_options
     from ..insight.exploring import attribute_corpus, explore
 
     check_source(method.value, None, None, False)  # captum, unless the method is attention

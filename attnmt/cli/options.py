@@ -14,7 +14,7 @@ from typing import Annotated
 import typer
 
 from ..config.choices import METRICS, Device
-from ..insight.align_request import Heads, Layer
+from ..insight.link_request import Heads, Layer
 
 __all__ = ["AlignMethod", "AttributionMethod", "Device", "ExportFormat", "FigureFormat", "Heads", "Layer",
            "Metrics", "Quantization", "StepsOpt", "Symmetrization", "WordRule"]
@@ -108,7 +108,7 @@ class Metrics:
 
 
 def parse_layer(value: str | Layer) -> Layer:
-    """``--layer``'s parser: ``align_request.Layer.parse``, a bad value Typer's usage error."""
+    """``--layer``'s parser: ``link_request.Layer.parse``, a bad value Typer's usage error."""
     try:
         return Layer.parse(value)
     except ValueError as e:
@@ -116,7 +116,7 @@ def parse_layer(value: str | Layer) -> Layer:
 
 
 def parse_heads(value: str | Heads) -> Heads:
-    """``--heads``'s parser: ``align_request.Heads.parse``, a bad value Typer's usage error."""
+    """``--heads``'s parser: ``link_request.Heads.parse``, a bad value Typer's usage error."""
     try:
         return Heads.parse(value)
     except ValueError as e:

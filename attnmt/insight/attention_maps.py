@@ -4,8 +4,8 @@ Letters: B batch, H heads, T target length (pieces + EOS), S source length (piec
 
 ``model(batch, need_attention=True)`` gives every layer and head at once (``models/protocol.py``);
 ``teacher_forced_attention`` runs it on batches of sentence pairs and cuts each sentence's weights out of
-the padded batch as numpy arrays, which ``plot.py`` draws, ``aligning.py`` turns into word links and
-``exploring.py`` puts on a page (``plot`` and ``alignment`` know no model). ``draw_attention`` (``attnmt
+the padded batch as numpy arrays, which ``plot.py`` draws, ``reading.py`` turns into word links and
+``exploring.py`` puts on a page (``plot`` and ``links`` know no model). ``draw_attention`` (``attnmt
 plot`` and the heatmaps drawn during training) is the use here, from text to files.
 """
 

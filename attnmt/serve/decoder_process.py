@@ -276,7 +276,7 @@ def _lower_priority(nice: int) -> None:
 
 def _answerer(translator) -> Callable[[str, tuple], object]:
     """What the child answers to each kind of message."""
-    from ..insight.alignment import AlignOptions
+    from ..insight.links import AlignOptions
     from ..insight.explorer import pack
     from ..insight.exploring import explorer_sentences
     from .api import variant_maker

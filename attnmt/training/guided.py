@@ -27,7 +27,7 @@ from ..data.readers import read_lines
 from ..data.tokenizer import Tokenizer
 from ..data.words import has_cjk, membership_of, piece_words
 from ..errors import DataError
-from ..insight.alignment import parse_pharaoh
+from ..insight.links import parse_pharaoh
 
 
 def _membership(pieces: list[str]) -> np.ndarray:

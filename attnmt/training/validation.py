@@ -84,7 +84,7 @@ class Validator:
         if self.dev.gold is None or self.dev.src_text is None or is_cjk_language(self.cfg.data.tgt_lang):
             return None
         try:
-            from ..insight.aligning import default_align_options, dev_aer
+            from ..insight.reading import default_align_options, dev_aer
 
             return dev_aer(translator, self.dev.src_text, self.dev.tgt_text, self.dev.gold,
                            default_align_options(self.cfg))

@@ -7,7 +7,7 @@ run.
 Multi30k has no gold alignments, so eflomal (Östling & Tiedemann 2016, an unsupervised Bayesian HMM with
 fertility, the usual strong statistical aligner) stands in for the reference: its links, the two directions
 symmetrized with grow-diag-final-and, are the sure links against which every attnmt alignment of the split
-gets precision, recall, F1 and AER (``attnmt.insight.alignment.alignment_scores``; AER with only sure links is
+gets precision, recall, F1 and AER (``attnmt.insight.links.alignment_scores``; AER with only sure links is
 1 - F1). Each one's F1 against eflomal's forward-only and intersection alignments is beside it.
 
 eflomal learns from a corpus, so it aligns the first ``--eflomal-train`` training pairs (default all
@@ -108,7 +108,7 @@ def attnmt_align(model: Path, reverse: Path | None, flags: list[str], src: Path,
 def agreement(predicted: list, references: dict) -> dict:
     """Precision, recall, F1 and AER against eflomal's grow-diag-final-and links as sure links, and F1
     against its forward and intersection links."""
-    from attnmt.insight.alignment import alignment_scores
+    from attnmt.insight.links import alignment_scores
 
     scores = {}
     for name in (HEURISTIC, "forward", "intersection"):

@@ -149,7 +149,7 @@ def dev_bleu(run: Path) -> float | None:
 
 def f1(predicted: list, reference: list) -> float:
     """F1 of ``predicted`` links against ``reference`` links taken as sure, over the whole split."""
-    from attnmt.insight.alignment import alignment_scores
+    from attnmt.insight.links import alignment_scores
 
     s = alignment_scores(predicted, reference, reference)
     return round(2 * s.precision * s.recall / (s.precision + s.recall), 4) if s.precision + s.recall else 0.0
@@ -161,7 +161,7 @@ class Pairs:
 
     def __init__(self, checkpoint: Path, sources: list[str], targets: list[str]):
         from attnmt.cli.common import open_for_attention
-        from attnmt.insight.aligning import default_align_options, word_pieces
+        from attnmt.insight.reading import default_align_options, word_pieces
 
         self.translator, self.cfg, _ = open_for_attention(checkpoint, "cpu", None)
         self.default = default_align_options(self.cfg)
@@ -184,7 +184,7 @@ class Pairs:
         fields)."""
         import dataclasses
 
-        from attnmt.insight.aligning import read_links
+        from attnmt.insight.reading import read_links
 
         options = dataclasses.replace(self.default, **changes)
         cross = self.cross(options.full_context)
@@ -211,7 +211,7 @@ def ceilings(reference: list[set], src_words: list[int], tgt_words: list[int]) -
     evenly over its linked source words; a word without links spread over every source word)."""
     import numpy as np
 
-    from attnmt.insight.alignment import extract_alignment
+    from attnmt.insight.links import extract_alignment
 
     found = {}
     for method in EXTRACTIONS:
@@ -273,7 +273,7 @@ def measure_run(args, name: str, pairs: dict, reference: dict[str, list]) -> dic
 
 
 def measure(args, pairs: dict, reference: dict) -> dict:
-    from attnmt.insight.alignment import symmetrize
+    from attnmt.insight.links import symmetrize
 
     results_path = args.out / "results.json"
     results = json.loads(results_path.read_text()) if results_path.exists() else {"runs": {}}

@@ -57,7 +57,7 @@ def projected(char_links: list[set], raw: list[list[str]], words: list[list[str]
 
 
 def scores(predicted: list[set], reference: list[set]) -> str:
-    from attnmt.insight.alignment import alignment_scores
+    from attnmt.insight.links import alignment_scores
 
     s = alignment_scores(predicted, reference, reference)
     f1 = 2 * s.precision * s.recall / (s.precision + s.recall) if s.precision + s.recall else 0.0

@@ -106,7 +106,7 @@ def eflomal_align(src: Path, tgt: Path, out: Path) -> tuple[list[set], float]:
 
 def sources(out: Path, data: Path, plain: Path, reverse: Path | None) -> list[dict]:
     """Guided training on alignments from attnmt itself and from eflomal instead of the gold."""
-    from attnmt.insight.alignment import alignment_scores, parse_pharaoh, read_gold
+    from attnmt.insight.links import alignment_scores, parse_pharaoh, read_gold
 
     made: dict[str, Path] = {}
     own = out / "train.own.align"

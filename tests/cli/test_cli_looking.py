@@ -20,7 +20,7 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from attnmt.cli import app
-from attnmt.insight.alignment import alignment_scores, parse_pharaoh
+from attnmt.insight.links import alignment_scores, parse_pharaoh
 
 TOY_TEST = 100
 # The toy task, a 100-piece joint tokenizer; small models, dropout off so that 200 steps do (the LSTM's
@@ -248,7 +248,7 @@ def test_align_heads_shift_and_reverse_symmetrization(toy, tmp_path):
     scored = invoke("align", runs["transformer"], *common, "--gold", files["align"], *backward, "--json")
     assert json.loads(scored.stdout)["symmetrize"] == "grow-diag-final-and"
     # A run folder that names its reverse model (reverse.json, as the bootstrap writes) aligns both ways.
-    from attnmt.insight.alignment import write_reverse
+    from attnmt.insight.links import write_reverse
 
     named = tmp_path / "named"
     shutil.copytree(runs["transformer"], named, ignore=shutil.ignore_patterns("*.lock"))
@@ -308,7 +308,7 @@ def _planted(translator, sources, targets, gold_lines, layers: int, heads: int, 
     to the source pieces of the words gold links its word to; every other head attends to the mirrored
     position with weight 0.9 (wrong, and wrong in their averages too)."""
     from attnmt.data.words import membership_of
-    from attnmt.insight.aligning import word_pieces as _word_pieces
+    from attnmt.insight.reading import word_pieces as _word_pieces
 
     src_ids, src_groups, tgt_ids, tgt_groups = _word_pieces(translator, sources, targets, None)
     out = []
@@ -327,7 +327,7 @@ def _planted(translator, sources, targets, gold_lines, layers: int, heads: int, 
 
 
 def test_calibrate_finds_the_planted_head_and_align_reads_it_by_default(toy, tmp_path, monkeypatch):
-    import attnmt.insight.aligning
+    import attnmt.insight.reading
 
     runs, files = toy
     run = tmp_path / "run"
@@ -336,7 +336,7 @@ def test_calibrate_finds_the_planted_head_and_align_reads_it_by_default(toy, tmp
     for name in ("en", "de", "align"):
         text = "".join(x + "\n" for x in lines(files[name])[:30])
         (tmp_path / f"dev.{name}").write_text(text, encoding="utf-8")
-    original = attnmt.insight.aligning._cross
+    original = attnmt.insight.reading._cross
 
     def planted(translator, src_ids, tgt_ids, *args, **kwargs):
         sources, targets = lines(files["en"])[:30], lines(files["de"])[:30]
@@ -344,7 +344,7 @@ def test_calibrate_finds_the_planted_head_and_align_reads_it_by_default(toy, tmp
             return _planted(translator, sources, targets, gold_lines, 2, 2, (1, 1))
         return original(translator, src_ids, tgt_ids, *args, **kwargs)
 
-    monkeypatch.setattr(attnmt.insight.aligning, "_cross", planted)
+    monkeypatch.setattr(attnmt.insight.reading, "_cross", planted)
     dev = ["--src", tmp_path / "dev.en", "--tgt", tmp_path / "dev.de"]
     result = invoke("align", run, *dev, "--calibrate", tmp_path / "dev.align")
     assert result.exit_code == 0, result.output

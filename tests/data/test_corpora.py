@@ -245,8 +245,8 @@ def test_align_and_attribute_read_a_multilingual_model_with_its_language_token(m
 
     from attnmt.cli import app
     from attnmt.cli.common import open_for_attention
-    from attnmt.insight.aligning import after
-    from attnmt.insight.aligning import word_pieces as _word_pieces
+    from attnmt.insight.reading import after
+    from attnmt.insight.reading import word_pieces as _word_pieces
 
     translator, _, _ = open_for_attention(multilingual, "cpu", None)
     src_ids, groups, _, _ = _word_pieces(translator, ["may 22nd 2040", ""], ["22. mai 2040", ""], None)

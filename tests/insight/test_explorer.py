@@ -21,7 +21,7 @@ import pytest
 from helpers import severe
 
 from attnmt.data.words import merge, piece_words
-from attnmt.insight.alignment import alignment_scores
+from attnmt.insight.links import alignment_scores
 from attnmt.insight.explorer import LEVELS, ExplorerSentence, explorer_html, write_explorer
 
 HALF_STEP = 0.5 / LEVELS + 1e-9  # the largest quantisation error of one weight

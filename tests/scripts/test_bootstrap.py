@@ -19,7 +19,7 @@ from helpers import OFFLINE_ENV, REPO, TINY_MODELS, TINY_TRAIN, load_script
 from typer.testing import CliRunner
 
 from attnmt.cli import app
-from attnmt.insight.alignment import alignment_scores, parse_pharaoh
+from attnmt.insight.links import alignment_scores, parse_pharaoh
 
 pytestmark = pytest.mark.usefixtures("restore_torch_state")
 

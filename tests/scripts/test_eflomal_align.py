@@ -9,7 +9,7 @@ import sys
 import pytest
 from helpers import OFFLINE_ENV, REPO, run_attnmt
 
-from attnmt.insight.alignment import alignment_scores, parse_pharaoh
+from attnmt.insight.links import alignment_scores, parse_pharaoh
 
 SCRIPT = REPO / "scripts" / "eflomal_align.py"
 

@@ -1,4 +1,4 @@
-"""``align``'s option rules, owned by the library (``attnmt/insight/align_request.py``): each rule as one
+"""``align``'s option rules, owned by the library (``attnmt/insight/link_request.py``): each rule as one
 ConfigError line naming the options, the same whoever asks; the command line's own tests of them are in
 ``tests/cli/test_cli_looking.py``."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from attnmt.errors import ConfigError
-from attnmt.insight.align_request import AlignRequest, Heads, Layer, check_request
+from attnmt.insight.link_request import AlignRequest, Heads, Layer, check_request
 
 T = Path("tgt.txt")
 

@@ -1,5 +1,5 @@
 """Word alignments of sentence pairs from a model's cross-attention (``attnmt align``): the words of each
-line and their pieces, the links read off the attention (``alignment.py``'s extraction), both directions
+line and their pieces, the links read off the attention (``links.py``'s extraction), both directions
 symmetrized, and ``align --calibrate``'s search for the layer and heads that align best.
 
 Letters: T target positions, S source positions.
@@ -17,7 +17,7 @@ import numpy as np
 from ..data.words import Pieces, membership_of, merge, word_count, words_to_pieces
 from ..decoding.translator import Translator
 from ..errors import DataError
-from .alignment import (
+from .links import (
     AlignOptions,
     Gold,
     Link,

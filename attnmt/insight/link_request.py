@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from ..errors import ConfigError
 
 if TYPE_CHECKING:
-    from .alignment import AlignOptions
+    from .links import AlignOptions
 
 # The command line reads ``Layer`` and ``Heads`` as it starts, so the modules with torch behind them are
 # imported where they are used.
@@ -152,8 +152,8 @@ def check_calibrate(tgt: Path | None, given: dict) -> None:
 
 def layer_and_heads(cfg, layer: Layer | None = None, heads: Heads | None = None,
                     checkpoint: Path | None = None) -> tuple[Layer, Heads]:
-    """The layer and heads given, else the model's defaults (``aligning.default_align_options``)."""
-    from .aligning import default_align_options
+    """The layer and heads given, else the model's defaults (``reading.default_align_options``)."""
+    from .reading import default_align_options
 
     default = default_align_options(cfg, checkpoint)
     if layer is None:
@@ -170,8 +170,8 @@ def reading(cfg, layer: Layer | None, heads: Heads | None, which: str = "", chec
     (``full_context`` in ``options``), else as the model was taught; ``which`` names it in messages
     ("--reverse ")."""
     from ..models import attention_layout
-    from .aligning import default_align_options
-    from .alignment import AlignOptions
+    from .reading import default_align_options
+    from .links import AlignOptions
 
     layer, heads = layer_and_heads(cfg, layer, heads, checkpoint)
     n_layers, n_heads = attention_layout(cfg.model)
