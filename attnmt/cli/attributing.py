@@ -53,8 +53,8 @@ def attribute(
     integrated gradients delta (per row: the attributions' sum minus the output difference) and gap (the
     output difference).
     """
-    from ..insight.reading import default_align_options
     from ..insight.exploring import attribute_corpus, explore
+    from ..insight.reading import default_align_options
 
     check_source(method.value, None, None, False)  # captum, unless the method is attention
     sources, targets = read_pairs(src, tgt)

@@ -128,9 +128,9 @@ def _explore(translator, cfg, checkpoint: Path, lines, limit, html: Path, tgt: P
     (``flow_budget`` seconds), the page's flow time is estimated before translating, and again from the
     translations' lengths before reading any attention."""
     from ..data.readers import read_lines
-    from ..insight.reading import default_align_options
-    from ..insight.links import read_gold
     from ..insight.exploring import explore
+    from ..insight.links import read_gold
+    from ..insight.reading import default_align_options
 
     sources = list(itertools.islice(lines, limit))
     if not sources:
@@ -198,8 +198,8 @@ def _reverse_model(model: Path, cfg, reverse: Path, device, beam_size):
 def _calibrate(translator, cfg, checkpoint: Path, sources, targets, gold_path: Path, src: Path,
                one_based: bool, reading: dict) -> None:
     """``align --calibrate``: every reading's AER on the dev set, the best stored in the run folder."""
-    from ..insight.reading import calibrate
     from ..insight.links import AlignOptions, calibration_file, read_gold
+    from ..insight.reading import calibrate
     from ..runfiles import atomic_write_text
 
     path = calibration_file(checkpoint)
@@ -244,8 +244,8 @@ def align(model: ModelArg, src: opt.Src, tgt: opt.AlignTgt = None, gold: opt.Ali
     With --gold, print AER, precision and recall (Och & Ney 2003); the alignments are then written
     only with --output.
     """
-    from ..insight.reading import align_corpus
     from ..insight.links import alignment_scores, format_pharaoh, read_gold, read_reverse
+    from ..insight.reading import align_corpus
 
     if full_context is not None and from_.value != "attention":
         flag = "--full-context" if full_context else "--causal"

@@ -15,12 +15,12 @@ from ..data.readers import clean
 from ..data.words import has_cjk, membership_of, segment, word_count
 from ..decoding.translator import Translator
 from ..errors import DataError
-from .reading import read_links, word_pieces
-from .links import AlignOptions, Gold, alignment_scores
 from .alti import alti_pairs
 from .attention_maps import teacher_forced_attention
 from .attribution import Attribution, attribute_pairs, from_attention
 from .explorer import ExplorerSentence, write_explorer
+from .links import AlignOptions, Gold, alignment_scores
+from .reading import read_links, word_pieces
 from .rollout import flow, rollout
 
 

@@ -170,8 +170,8 @@ def reading(cfg, layer: Layer | None, heads: Heads | None, which: str = "", chec
     (``full_context`` in ``options``), else as the model was taught; ``which`` names it in messages
     ("--reverse ")."""
     from ..models import attention_layout
-    from .reading import default_align_options
     from .links import AlignOptions
+    from .reading import default_align_options
 
     layer, heads = layer_and_heads(cfg, layer, heads, checkpoint)
     n_layers, n_heads = attention_layout(cfg.model)

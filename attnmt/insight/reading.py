@@ -17,6 +17,9 @@ import numpy as np
 from ..data.words import Pieces, membership_of, merge, word_count, words_to_pieces
 from ..decoding.translator import Translator
 from ..errors import DataError
+from .alti import alti_pairs
+from .attention_maps import teacher_forced_attention
+from .attribution import attribute_pairs
 from .links import (
     AlignOptions,
     Gold,
@@ -29,9 +32,6 @@ from .links import (
     symmetrize,
     words_from_piece_links,
 )
-from .alti import alti_pairs
-from .attention_maps import teacher_forced_attention
-from .attribution import attribute_pairs
 
 
 def default_align_options(cfg, checkpoint: Path | None = None) -> AlignOptions:

@@ -276,9 +276,9 @@ def _lower_priority(nice: int) -> None:
 
 def _answerer(translator) -> Callable[[str, tuple], object]:
     """What the child answers to each kind of message."""
-    from ..insight.links import AlignOptions
     from ..insight.explorer import pack
     from ..insight.exploring import explorer_sentences
+    from ..insight.links import AlignOptions
     from .api import variant_maker
 
     variant = variant_maker(translator)

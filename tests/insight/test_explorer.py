@@ -21,8 +21,8 @@ import pytest
 from helpers import severe
 
 from attnmt.data.words import merge, piece_words
-from attnmt.insight.links import alignment_scores
 from attnmt.insight.explorer import LEVELS, ExplorerSentence, explorer_html, write_explorer
+from attnmt.insight.links import alignment_scores
 
 HALF_STEP = 0.5 / LEVELS + 1e-9  # the largest quantisation error of one weight
 EOS = "</s>"
