@@ -3,19 +3,23 @@
 Endpoints (every error is JSON ``{"error": "one line"}``, never a traceback):
 
 - ``POST /translate`` ``{"text": [...] or "...", "beam_size", "nbest", "length_penalty", "sampling",
-  "temperature", "top_k", "top_p", "seed", "prefix", "constraints", "scores", "tgt_lang"}``: the options
-  and checks of ``attnmt translate``; a bad field is 422 naming it, text that is not valid Unicode too
-  (``check_unicode``); whatever costs decoding is bounded by the server's limits (``serve_limits``: 413
+  "temperature", "top_k", "top_p", "seed", "prefix", "constraints", "scores", "tgt_lang", "markup"}``: the
+  options and checks of ``attnmt translate``; a bad field is 422 naming it, text that is not valid Unicode
+  too (``check_unicode``); whatever costs decoding is bounded by the server's limits (``serve_limits``: 413
   or 422 naming the field). Answers ``{"translations": [{"outputs": [{"text",
   "score"}], "truncated"}]}``, one entry per sentence in order (a score is null where the model has none
-  to give: a CTranslate2 export's single output).
+  to give: a CTranslate2 export's single output). ``"markup": true``: each text's inline tags are taken
+  out (``data.markup.parse_markup``; a text that is not well-formed is a 422 naming it, ``text[2]: column
+  5: ...``, before anything is decoded), the rest is translated, and every output gets the tags back
+  around the words aligned to those they wrapped (``insight.markup.carry_markup``, in the decoder).
 - ``POST /attention`` ``{"text": "...", "beam_size", "length_penalty", "prefix", "constraints",
   "tgt_lang"}``: the best translation, its
   score, the word alignment ``attnmt align`` would read (``[source word, target word]`` pairs) and every
   layer and head of the cross-, encoder self- and decoder self-attention in the explorer's data format
   (``explorer.Packed``: ``data``, ``weights``, ``bytes``).
 - ``GET /health``: ``{"status": "ok", "pending": requests waiting}``; ``GET /info``: the model, its
-  languages, parameters, decode defaults, the limits and what each lane's batcher has done.
+  languages, parameters, decode defaults, whether it takes markup (not an export), the limits and what
+  each lane's batcher has done.
 - ``GET /``: the page (``attnmt/web/serve.*`` with the explorer's heatmap and lines); ``GET /docs``:
   the OpenAPI page, its script and style served from the ``swagger-ui-bundle`` package, not a CDN.
 
@@ -47,6 +51,7 @@ from pydantic import (
 from starlette.requests import Request
 
 from ..config.schema import DataConfig
+from ..data.markup import MarkedText, MarkupError, parse_markup
 from ..decoding.search import Sampling
 from ..decoding.translator import DecodeOverrides, Translator
 from ..errors import ConfigError
@@ -118,10 +123,15 @@ class TranslateRequest(BaseModel):
     constraints: list[list[StrictStr]] | None = Field(None, description="The phrases each translation "
                                                       "must hold, a list per sentence, as translate "
                                                       "--constraints.")
+    markup: StrictBool = Field(False, description="Each text holds inline XML/HTML tags (<b>, <a href=...>, "
+                               "<br/>, entities), as translate --markup: they are taken out, the text is "
+                               "translated, and each tag is put back around the words aligned to those it "
+                               "wrapped, in every output; prefix and constraints are plain text.")
 
     @model_validator(mode="after")
     def _sampling_options(self) -> TranslateRequest:
         check_unicode(self, ("text", "prefix", "constraints", "tgt_lang"))
+        self.marked()  # markup that is not well-formed: a ValueError naming the text
         options = ("temperature", "top_k", "top_p", "seed")
         given = [name for name in options if getattr(self, name) is not None]
         if given and not self.sampling:
@@ -155,6 +165,20 @@ class TranslateRequest(BaseModel):
 
     def lines(self) -> list[str]:
         return [self.text] if isinstance(self.text, str) else list(self.text)
+
+    def marked(self) -> list[MarkedText] | None:
+        """With ``markup``, each text parsed (``parse_markup``; a ValueError naming the text and the column
+        where it is not well-formed); None without."""
+        if not self.markup:
+            return None
+        found = []
+        for k, line in enumerate(self.lines()):
+            try:
+                found.append(parse_markup(line))
+            except MarkupError as e:
+                where = "text" if isinstance(self.text, str) else f"text[{k}]"
+                raise ValueError(f"{where}: {e}") from None
+        return found
 
 
 class AttentionRequest(BaseModel):
@@ -208,17 +232,18 @@ def _check_text(where: str, value: object) -> None:
 
 def settings_for(translator: Translator, beam_size: int | None, nbest: int, length_penalty: float | None,
                  sampling: Sampling | None, words: bool = False, tgt_lang: str | None = None,
-                 data: DataConfig | None = None) -> Settings:
+                 data: DataConfig | None = None, markup: bool = False) -> Settings:
     """The request's settings over the model's decode defaults, checked as ``attnmt translate`` checks
     them (``DecodeOverrides``, the fields named as the request names them); ``tgt_lang`` against the
-    model's ``data`` section (``DataConfig.prefix_for``)."""
+    model's ``data`` section (``DataConfig.prefix_for``); ``markup``: the lines hold tags to carry."""
     overrides = DecodeOverrides(beam_size, nbest, length_penalty, sampling=sampling, spelling="api")
     try:
         decode = overrides.apply(translator.decode, translator.tokenizer.tgt_vocab_size)
         prefix = data.prefix_for(tgt_lang, "tgt_lang") if data is not None else translator.source_prefix
     except ConfigError as e:
         raise Refused(str(e)) from None
-    return Settings(decode.beam_size, decode.nbest, float(decode.length_penalty), sampling, words, prefix)
+    return Settings(decode.beam_size, decode.nbest, float(decode.length_penalty), sampling, words, prefix,
+                    markup)
 
 
 def variant_maker(translator: Translator) -> Callable[[Settings], Translator]:

@@ -66,6 +66,13 @@ class Settings:
     sampling: Sampling | None = None
     words: bool = False  # each output's word probabilities too
     source_prefix: str = ""  # a multilingual model's target-language token (``Translator.source_prefix``)
+    markup: bool = False  # the lines hold inline tags, which the decoder carries to every output
+
+    def rows(self) -> int:
+        """What a source piece costs: its beam rows (a sampling request's samples), and with ``markup``
+        one teacher-forced reading of each output more (the alignment that places the tags; the lines are
+        measured as sent, tags and all, a little more than is decoded)."""
+        return (self.nbest if self.sampling else self.beam_size) + (self.nbest if self.markup else 0)
 
 
 @dataclass
@@ -124,9 +131,8 @@ class Batcher:
         """A future for the translations of ``lines`` (one ``Translation`` each, in order), each starting
         with its prefix and holding its phrases, if given (``Translator.translate``; the caller has
         checked the phrases, ``Translator.encode_constraints``)."""
-        rows = settings.nbest if settings.sampling else settings.beam_size
         return self._put(_Job(Future(), settings, list(lines), prefixes, constraints,
-                              cost=self.measure(lines) * rows))
+                              cost=self.measure(lines) * settings.rows()))
 
     def call(self, work: Callable[[], Any], cost: int = 0) -> Future:
         """A future for ``work()`` run on the worker thread, between batches; ``cost``: what it is expected

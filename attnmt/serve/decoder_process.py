@@ -9,12 +9,13 @@ Across a pipe, a batch costs one pickle of its lines and one of its translations
 ``DecoderProcess(opener, threads, nice, budget)`` starts the child (``spawn``: torch's threads do not
 survive a fork), where ``opener()`` (a picklable callable: ``functools.partial(open_translator, MODEL,
 DEVICE)``) loads the model as ``attnmt translate`` does (``wait_ready`` waits for it);
-``variant(settings)`` gives what ``batcher.Batcher`` calls ``translate`` on, ``draw(text, translation)``
-the explorer's data for one pair. Both block the calling thread (the batcher's) until the child
-answers; an exception in the child is raised again here, as it was when it pickles and as a
-``RuntimeError`` with its line when it does not. The child ignores SIGINT and SIGTERM (the server
-decides when to stop) and leaves when its pipe closes, or at once when the server dies
-(``children.spawn_context``).
+``variant(settings)`` gives what ``batcher.Batcher`` calls ``translate`` on (with ``settings.markup`` the
+lines hold inline tags: the child translates their text and carries the tags to every output,
+``translate_marked``), ``draw(text, translation)`` the explorer's data for one pair. Both block the
+calling thread (the batcher's) until the child answers; an exception in the child is raised again here,
+as it was when it pickles and as a ``RuntimeError`` with its line when it does not. The child ignores
+SIGINT and SIGTERM (the server decides when to stop) and leaves when its pipe closes, or at once when the
+server dies (``children.spawn_context``).
 
 ``nice``: how much lower the child's priority is once its model is loaded. ``yield_to``: a flag shared
 with the other lane (a ``multiprocessing`` value): while it is set, the child waits before its next model
@@ -44,6 +45,7 @@ the costliest requests went from 1x to 2.7-3.7x its value alone).
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle
 import signal
@@ -229,13 +231,14 @@ def _child(conn, opener: Callable[[], tuple], threads: int | None, nice: int, bu
 
     if threads is not None:
         torch.set_num_threads(threads)
-    translator = opener()[0]  # at the server's priority: a busy machine slows both start-ups alike
+    # at the server's priority: a busy machine slows both start-ups alike
+    translator, cfg, checkpoint = opener()
     if nice:
         _lower_priority(nice)
     budgeted = None
     if (budget is not None or yield_to is not None) and getattr(translator, "model", None) is not None:
         translator.model = budgeted = Budgeted(translator.model, budget, yield_to)
-    answer = _answerer(translator)
+    answer = _answerer(translator, cfg, checkpoint)
     share = ThreadShare(torch.get_num_threads(), torch.set_num_threads)
     while True:
         try:
@@ -274,14 +277,20 @@ def _lower_priority(nice: int) -> None:
             pass
 
 
-def _answerer(translator) -> Callable[[str, tuple], object]:
-    """What the child answers to each kind of message."""
+def _answerer(translator, cfg=None, checkpoint=None) -> Callable[[str, tuple], object]:
+    """What the child answers to each kind of message; ``cfg`` and ``checkpoint`` (``open_translator``'s)
+    say how the model is read for word links (``reading.default_align_options``, as ``attnmt align``)."""
     from ..insight.explorer import pack
     from ..insight.exploring import explorer_sentences
     from ..insight.links import AlignOptions
+    from ..insight.reading import default_align_options
     from .api import variant_maker
 
     variant = variant_maker(translator)
+
+    @functools.cache  # read once, on the first request with markup (an export has none)
+    def reading() -> AlignOptions:
+        return default_align_options(cfg, checkpoint)
 
     def answer(kind: str, args: tuple) -> object:
         if kind == "ready":  # one sentence first: torch's first calls are slow, and a budget would count them
@@ -291,9 +300,32 @@ def _answerer(translator) -> Callable[[str, tuple], object]:
             return time.perf_counter() - started
         if kind == "translate":
             settings, lines, prefixes, words, constraints = args
+            if settings.markup:
+                return translate_marked(variant(settings), lines, prefixes, words, constraints, reading())
             return variant(settings).translate(lines, prefixes, words, constraints)
         # "draw": no pair when the translation is empty, so nothing to draw
         text, translation, translator.source_prefix = args
         return pack(explorer_sentences(translator, [text], [translation], KINDS, AlignOptions()), 1)
 
     return answer
+
+
+def translate_marked(translator, lines, prefixes, words: bool, constraints, options) -> list:
+    """``Translator.translate`` of lines that hold inline tags (checked well-formed by the server): each
+    line's text without its tags is translated, and every output gets the tags back
+    (``insight.markup.carry_markup`` with the word links read as ``options`` say: one teacher-forced
+    reading of all the outputs together, inside the batch's budget). Scores, word scores and
+    ``truncated`` are those of the outputs' words."""
+    import dataclasses
+
+    from ..data.markup import parse_markup
+    from ..insight.markup import carry_markup
+
+    marked = [parse_markup(line) for line in lines]
+    found = translator.translate([m.text for m in marked], prefixes, words, constraints)
+    sources = [m for m, translation in zip(marked, found) for _ in translation.outputs]
+    outputs = [text for translation in found for text, _ in translation.outputs]
+    tagged = iter(carry_markup(translator, sources, outputs, options))
+    return [dataclasses.replace(translation, outputs=[(next(tagged), score)
+                                                      for _, score in translation.outputs])
+            for translation in found]

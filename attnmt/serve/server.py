@@ -196,7 +196,7 @@ def quiet_accept_errors(loop, log, every: float = 10.0) -> None:
 # What each error status means, for the routes' ``responses`` (the OpenAPI document, ``/docs``); the body is
 # always ``ErrorBody``, which replaces FastAPI's default validation error in the document as in the answers.
 ERROR_MEANINGS = {
-    409: "attention maps asked of a CTranslate2 export, which translates only",
+    409: "attention maps or markup asked of a CTranslate2 export, which translates only",
     411: "a POST without a Content-Length header",
     413: "a request over the server's sizes: the body's bytes, sentences, characters, phrases (GET /info "
          "states them)",
@@ -218,7 +218,9 @@ def _admit(served: Served, variant, lines: list[str], prefixes: list[str] | None
            drawn: bool = False) -> tuple[Lane, int]:
     """Check a request against every limit, before it reaches a queue; the lane its cost picks, and the
     cost. ``drawn``: its attention maps are drawn too, which read the source whole where the search reads
-    it cut to ``decode.max_src_len``, so the whole source's pieces count."""
+    it cut to ``decode.max_src_len``, so the whole source's pieces count. With ``settings.markup``,
+    ``lines`` are the texts without their tags (what is decoded), and each output is read once more under
+    teacher forcing to place the tags: the source's pieces x outputs more."""
     sampling = settings.sampling is not None
     rows = settings.nbest if sampling else settings.beam_size
     check_rows(served.limits, rows, beam_given, sampling)
@@ -226,6 +228,8 @@ def _admit(served: Served, variant, lines: list[str], prefixes: list[str] | None
     cost = check_pieces(variant(settings), lines, prefixes, constraints, exported)
     if drawn:
         cost = max(cost, lanes.interactive.batcher.measure(lines) * rows)
+    if settings.markup:
+        cost += lanes.interactive.batcher.measure(lines) * settings.nbest
     return lanes.lane(cost), cost
 
 
@@ -233,14 +237,20 @@ def _add_routes(app: FastAPI, served: Served, lanes: Lanes, page: str) -> None:
     translator, variant = served.translator, variant_maker(served.translator)
 
     @app.post("/translate", summary="Translate sentences (attnmt translate's options).",
-              responses=error_answers(411, 413, 422, 500, 503))
+              responses=error_answers(409, 411, 413, 422, 500, 503))
     async def translate(body: TranslateRequest, request: Request) -> dict:
         lines, prefixes = body.lines(), body.prefixes()
         check_sizes(served.limits, lines, prefixes, body.constraints)
+        if body.markup and not served.info["attention"]:
+            return _error(409, "markup: placing tags reads the model's attention, which a CTranslate2 export "
+                               "does not give: serve the checkpoint")
         settings = settings_for(translator, body.beam_size, body.nbest, body.length_penalty,
-                                body.sampling_settings(), body.scores == "words", body.tgt_lang, served.data)
+                                body.sampling_settings(), body.scores == "words", body.tgt_lang, served.data,
+                                body.markup)
         given = body.beam_size is not None
-        lane, _ = _admit(served, variant, lines, prefixes, body.constraints, settings, given, lanes)
+        marked = body.marked()  # the decoder parses the lines again: the tags travel as the text sent
+        texts = lines if marked is None else [m.text for m in marked]
+        lane, _ = _admit(served, variant, texts, prefixes, body.constraints, settings, given, lanes)
         _note(request, lane, lines)
         found = await asyncio.wrap_future(lane.batcher.submit(lines, settings, prefixes, body.constraints))
         return {"translations": [result.as_json() for result in found]}
@@ -297,7 +307,8 @@ def _add_status(app: FastAPI, served: Served, lanes: Lanes) -> None:
     async def info() -> dict:
         first = lanes.interactive.batcher
         described = lanes.describe()
-        return {**served.info, "limits": served.limits.describe(served.translator),
+        return {**served.info, "markup": served.info["attention"],  # tags are placed by the attention
+                "limits": served.limits.describe(served.translator),
                 "batching": {"max_batch_tokens": first.max_batch_tokens,
                              "max_wait_ms": first.max_wait_s * 1000,
                              "batches": sum(lane["batches"] for lane in described.values()),
