@@ -48,7 +48,7 @@ def info(
 
     spec = model_spec(target, set_)
     try:
-        model = build_model(spec.cfg.model, spec.src_vocab_size, spec.tgt_vocab_size)
+        model = build_model(spec.cfg.model, spec.src_vocab_size, spec.tgt_vocab_size, train=spec.cfg.train)
     except ValueError as e:
         raise ConfigError(f"model: {e}") from None
     console = Console()

@@ -64,6 +64,19 @@ class GuidedAlignmentConfig(Section):
     """Teach the heads in a second pass of the decoder, up to the taught layer, in which every target
     position sees the whole target (no causal mask: Garg et al.'s full-context alignment), and read them
     the same way in ``align``; Transformer only. The translation loss still comes from the causal pass."""
+    module: Literal["head", "layer"] = "head"
+    """Who learns the links: ``head``, the heads above, which also translate (Garg et al. 2019); ``layer``,
+    an alignment layer of its own (Zenkel et al. 2019, 2020) whose queries are the decoder's states after
+    ``layer`` and whose keys the encoder's output, both detached: only its loss trains it, and translation
+    is bit for bit that of the same run without it. Transformer only; ``align``, ``plot`` and the explorer
+    read it."""
+    objective: Literal["links", "predict"] = "links"
+    """What the alignment layer learns from: ``links``, those of ``path`` (or the toy task's); ``predict``,
+    none: it predicts each target piece from the source alone, through its own attention (Zenkel et al.
+    2019's unsupervised objective; the start of ``scripts/bootstrap_guided.py --teacher self``)."""
+    translation: Literal["train", "frozen"] = "train"
+    """``frozen``: only the alignment layer learns, on top of ``train.init_from``'s model (a trained run, or
+    an imported OPUS-MT model), which goes on translating bit for bit as before."""
 
 
 class TrainConfig(Section):
@@ -313,10 +326,14 @@ def _resolve_alignment(cfg: Config, source: str, lines: dict[tuple[str, ...], in
     if guided.full_context and not transformer:
         raise ConfigError(f"{_where('train.alignment.full_context', source, lines, overrides)}: full-context "
                           "alignment needs model.arch transformer (the LSTM decoder reads left to right)")
+    _check_module(guided, transformer, cfg.train.init_from is not None,
+                  lambda key: _where(f"train.alignment.{key}", source, lines, overrides))
     if max(guided.heads) > n_heads:
         raise ConfigError(f"{_where('train.alignment.heads', source, lines, overrides)}: {guided.heads}, but "
                           f"the model has {n_heads} head(s) per layer (1..{n_heads})")
     guided.heads = sorted(set(guided.heads))
+    if guided.objective == "predict":
+        return  # no links to read
     corpora = cfg.data.corpora()
     if len(corpora) > 1:
         raise ConfigError(f"{_where('train.alignment', source, lines, overrides)}: guided alignment reads "
@@ -330,6 +347,28 @@ def _resolve_alignment(cfg: Config, source: str, lines: dict[tuple[str, ...], in
         raise ConfigError(f"{_where('train.alignment', source, lines, overrides)}: path is required "
                           "(the alignments of data.train, one Pharaoh line per line); only the toy task "
                           "brings its own")
+
+
+def _check_module(guided: GuidedAlignmentConfig, transformer: bool, init_from: bool, where) -> None:
+    """The keys of the alignment layer (``module: layer``) and what they need."""
+    if guided.module == "layer" and not transformer:
+        raise ConfigError(f"{where('module')}: layer needs model.arch transformer (the LSTM's one attention "
+                          "is its alignment)")
+    if guided.module == "head":
+        for key, default in (("objective", "links"), ("translation", "train")):
+            if getattr(guided, key) != default:
+                raise ConfigError(f"{where(key)}: {getattr(guided, key)} is the alignment layer's "
+                                  "(train.alignment.module: layer)")
+        return
+    if guided.heads != [1]:
+        raise ConfigError(f"{where('heads')}: {guided.heads}, but the alignment layer has one head of its "
+                          "own (train.alignment.module: layer); leave heads out")
+    if guided.translation == "frozen" and not init_from:
+        raise ConfigError(f"{where('translation')}: frozen needs train.init_from (the trained model the "
+                          "alignment layer learns on top of)")
+    if guided.objective == "predict" and guided.path is not None:
+        raise ConfigError(f"{where('path')}: objective predict learns from no links; leave path out, or "
+                          "use objective links")
 
 
 def _check_sampling(cfg: Config, source: str, lines: dict[tuple[str, ...], int], overrides) -> None:

@@ -27,11 +27,13 @@ if TYPE_CHECKING:
     from .plot import HeatmapFigure
 
 AttentionMaps = dict[str, list[np.ndarray]]
-"""kind (``cross``, ``enc_self``, ``dec_self``) -> one array per layer: cross (H, T, S), enc_self
-(H, S, S), dec_self (H, T, T); rows are queries and sum to 1."""
+"""kind (``cross``, ``enc_self``, ``dec_self``; ``align`` for a model with an alignment layer) -> one array
+per layer: cross (H, T, S), enc_self (H, S, S), dec_self (H, T, T), align (1, T, S); rows are queries and
+sum to 1."""
 
 # kind -> (rows, columns)
-_SIDES = {"cross": ("tgt", "src"), "enc_self": ("src", "src"), "dec_self": ("tgt", "tgt")}
+_SIDES = {"cross": ("tgt", "src"), "enc_self": ("src", "src"), "dec_self": ("tgt", "tgt"),
+          "align": ("tgt", "src")}
 
 
 @torch.no_grad()

@@ -28,10 +28,12 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Layer:
-    """``align --layer``: a 1-based layer number, last, or avg (every layer and head averaged)."""
+    """``align --layer``: a 1-based layer number, last, avg (every layer and head averaged), or aligner (the
+    model's alignment layer, ``train.alignment.module: layer``)."""
 
     text: str
-    index: int | None  # 0-based; -1 for the last; None for the average
+    index: int | None  # 0-based; -1 for the last; None for the average (or the alignment layer)
+    kind: str = "cross"  # the attention read: ``cross``, or ``align`` (the alignment layer)
 
     @classmethod
     def parse(cls, value: str | Layer) -> Layer:
@@ -42,17 +44,23 @@ class Layer:
             return cls(value, None)
         if choice == "last":
             return cls(value, -1)
+        if choice in ("aligner", "align", "alignment"):
+            return cls(value, None, "align")
         try:
             number = int(choice)
         except ValueError:
-            raise ValueError(f"{value!r}: expected a layer number (1, 2, ...), last or avg") from None
+            raise ValueError(f"{value!r}: expected a layer number (1, 2, ...), last, avg or "
+                             "aligner") from None
         if number < 1:
             raise ValueError(f"{value}: layers count from 1")
         return cls(value, number - 1)
 
-    def check(self, n_layers: int, which: str = "") -> None:
-        """A ConfigError unless the model (``n_layers`` cross-attention layers) has this layer; ``which``
-        names the model in the message ("--reverse ")."""
+    def check(self, n_layers: int, which: str = "", aligner: bool = False) -> None:
+        """A ConfigError unless the model (``n_layers`` cross-attention layers, an alignment layer or not) has
+        this layer; ``which`` names the model in the message ("--reverse ")."""
+        if self.kind == "align" and not aligner:
+            raise ConfigError(f"--layer {self.text}: the {which}model has no alignment layer (it is trained "
+                              "with train.alignment.module: layer)")
         if self.index is not None and self.index >= n_layers:
             raise ConfigError(f"--layer {self.text}: the {which}model has {n_layers} cross-attention "
                               f"layer(s) (1..{n_layers}, or avg)")
@@ -156,7 +164,9 @@ def layer_and_heads(cfg, layer: Layer | None = None, heads: Heads | None = None,
     from .reading import default_align_options
 
     default = default_align_options(cfg, checkpoint)
-    if layer is None:
+    if layer is None and default.kind == "align":
+        layer = Layer.parse("aligner")
+    elif layer is None:
         layer = Layer.parse("avg" if default.layer is None else str(default.layer + 1))
     if heads is None:
         heads = Heads.parse("all" if default.heads is None else ",".join(str(h + 1) for h in default.heads))
@@ -175,11 +185,19 @@ def reading(cfg, layer: Layer | None, heads: Heads | None, which: str = "", chec
 
     layer, heads = layer_and_heads(cfg, layer, heads, checkpoint)
     n_layers, n_heads = attention_layout(cfg.model)
-    layer.check(n_layers["cross"], which)
-    heads.check(n_heads, which)
-    if options.get("full_context") is None:
+    layer.check(n_layers["cross"], which, has_aligner(cfg))
+    heads.check(1 if layer.kind == "align" else n_heads, which)
+    if layer.kind == "align":  # the layer reads the pass it was trained on
+        options["full_context"] = False
+    elif options.get("full_context") is None:
         options["full_context"] = default_align_options(cfg).full_context
     elif options["full_context"] and cfg.model.arch != "transformer":
         raise ConfigError(f"--full-context: the {which}model is an {cfg.model.arch}, whose decoder reads its "
                           "target left to right only")
-    return layer, heads, AlignOptions(layer.index, heads.indices, **options)
+    return layer, heads, AlignOptions(layer.index, heads.indices, kind=layer.kind, **options)
+
+
+def has_aligner(cfg) -> bool:
+    """Whether the model of ``cfg`` carries an alignment layer (``train.alignment.module: layer``)."""
+    guided = cfg.train.alignment
+    return guided is not None and guided.module == "layer"

@@ -62,6 +62,9 @@ class AlignOptions:
     full_context: bool = False
     """Read the attention of the pass in which every target position sees the whole target (no causal
     mask: Garg et al.'s alignment pass); a model trained with ``train.alignment.full_context`` is read so."""
+    kind: str = "cross"
+    """The attention read: ``cross`` (the layers and heads above), or ``align``, the model's alignment layer
+    (``train.alignment.module: layer``: one layer of one head)."""
 
 
 def attention_rows(cross: Sequence[np.ndarray], layer: int | None = None, heads: Sequence[int] | None = None,

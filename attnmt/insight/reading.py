@@ -35,11 +35,14 @@ from .links import (
 
 
 def default_align_options(cfg, checkpoint: Path | None = None) -> AlignOptions:
-    """How ``align`` reads a model by default: the layer and heads ``align --calibrate`` chose for its run
-    (``read_calibration``), else for a model trained with ``train.alignment`` the layer and heads it
-    taught, else every layer and head averaged; the mutual argmax."""
-    calibrated = read_calibration(checkpoint) if checkpoint is not None else None
+    """How ``align`` reads a model by default: its alignment layer if it has one, else the layer and heads
+    ``align --calibrate`` chose for its run (``read_calibration``), else for a model trained with
+    ``train.alignment`` the layer and heads it taught, else every layer and head averaged; the mutual
+    argmax."""
     guided = cfg.train.alignment
+    if guided is not None and guided.module == "layer":
+        return AlignOptions(kind="align")
+    calibrated = read_calibration(checkpoint) if checkpoint is not None else None
     full_context = guided is not None and guided.full_context
     if calibrated is not None:
         return AlignOptions(*calibrated, full_context=full_context)
@@ -125,14 +128,15 @@ def read_links(cross: list[np.ndarray], src_groups, tgt_groups, options: AlignOp
 def _cross(translator: Translator, src_ids: Sequence[Sequence[int]], tgt_ids: Sequence[Sequence[int]],
            source: str = "attention", steps: int = 64,
            on_batch: Callable[[int], None] | None = None,
-           full_context: bool = False) -> list[list[np.ndarray]]:
+           full_context: bool = False, kind: str = "cross") -> list[list[np.ndarray]]:
     """Per pair, what links are read from: the cross-attention (one (H, T, S) array per layer; of the
-    full-context pass with ``full_context``) or, for a gradient method (``attribution.GRADIENT_METHODS``) or
-    ALTI+ (``alti``), its source shares as one layer of one head."""
+    full-context pass with ``full_context``), the alignment layer's (``kind`` align: one layer of one head)
+    or, for a gradient method (``attribution.GRADIENT_METHODS``) or ALTI+ (``alti``), its source shares as
+    one layer of one head."""
     if source == "attention":
         maps = teacher_forced_attention(translator.model, src_ids, tgt_ids, translator.device,
-                                        translator.decode.max_tokens, ["cross"], on_batch, full_context)
-        return [pair_maps["cross"] for pair_maps in maps]
+                                        translator.decode.max_tokens, [kind], on_batch, full_context)
+        return [pair_maps[kind] for pair_maps in maps]
     if source == "alti":
         found = alti_pairs(translator.model, src_ids, tgt_ids, translator.device, on_batch)
     else:
@@ -147,7 +151,7 @@ def _directional_links(translator: Translator, sources: Sequence[str], targets: 
     src_ids, src_groups, tgt_ids, tgt_groups = word_pieces(translator, sources, targets, gold)
     pairs = [i for i in range(len(sources)) if src_ids[i] and tgt_ids[i]]
     cross = _cross(translator, [src_ids[i] for i in pairs], [tgt_ids[i] for i in pairs], options.source,
-                   options.steps, on_batch, options.full_context)
+                   options.steps, on_batch, options.full_context, options.kind)
     links: list[list[Link]] = [[] for _ in sources]
     for i, pair_cross in zip(pairs, cross):
         links[i] = read_links(pair_cross, src_groups[i], tgt_groups[i], options)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..config.schema import LSTMConfig, TransformerConfig
+from ..config.schema import LSTMConfig, TrainConfig, TransformerConfig
+from .attention import attach_aligner
 from .ensemble import Ensemble
 from .lstm import LSTMModel
 from .protocol import DecoderState, ModelOutput, TranslationModel, take_rows
@@ -23,8 +24,16 @@ __all__ = ["ARCHS", "DecoderState", "Ensemble", "ModelOutput", "TranslationModel
 
 
 def build_model(cfg: LSTMConfig | TransformerConfig, src_vocab_size: int, tgt_vocab_size: int,
-                pad_id: int = 0) -> nn.Module:
-    return ARCHS[cfg.arch](cfg, src_vocab_size, tgt_vocab_size, pad_id)
+                pad_id: int = 0, train: TrainConfig | None = None) -> nn.Module:
+    """The model of ``cfg``; with ``train`` whose ``alignment.module`` is ``layer``, carrying an alignment
+    layer (``attention.AlignmentLayer``, its weights drawn from ``train.seed``, apart from the
+    translation's)."""
+    model = ARCHS[cfg.arch](cfg, src_vocab_size, tgt_vocab_size, pad_id)
+    guided = train.alignment if train is not None else None
+    if guided is not None and guided.module == "layer":
+        attach_aligner(model, cfg.d_model, guided.layer - 1, guided.full_context,
+                       guided.objective == "predict", seed=train.seed + 1)
+    return model
 
 
 def attention_layout(cfg: LSTMConfig | TransformerConfig) -> tuple[dict[str, int], int]:

@@ -280,3 +280,49 @@ class MultiHeadAttention(nn.Module):
             k = self._split_heads(self.k_proj(key))  # (B, H, S, dh)
             v = self._split_heads(self.v_proj(value))  # (B, H, S, dh)
         return self.attend(q, k, v, mask, causal, need_weights)
+
+
+# --------------------------------------------------------------------------- the alignment layer
+
+
+class AlignmentLayer(nn.Module):
+    """A cross-attention of its own that learns word alignment and nothing else (Zenkel et al. 2019, 2020).
+
+    Its queries are the decoder's states after one layer, its keys and values the encoder's output, both
+    detached: no gradient of its loss reaches the translation, which is therefore the same, bit for bit, with
+    or without it. One head; no dropout (it draws no random numbers either). ``forward`` gives its weights
+    (B, 1, T, S) and, given the translation's output matrix, its prediction of each target piece from the
+    source alone (Zenkel et al. 2019's unsupervised objective): the attended values, projected and normalised,
+    times that matrix (detached), so the layer adds four d x d matrices and no vocabulary-sized one.
+    """
+
+    def __init__(self, d_model: int, layer: int, full_context: bool, predicts: bool) -> None:
+        super().__init__()
+        self.layer, self.full_context = layer, full_context  # 0-based; which decoder pass feeds the queries
+        self.predicts = predicts  # trained by its predictions (objective predict), not by given links
+        self.query, self.key, self.value, self.out = (nn.Linear(d_model, d_model) for _ in range(4))
+        self.norm = nn.LayerNorm(d_model)
+
+    def forward(self, states: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
+                output: nn.Linear | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """states (B, T, D), memory (B, S, D), src_mask (B, S) -> (weights (B, 1, T, S), logits (B, T, V)
+        or None)."""
+        states, memory = states.detach(), memory.detach()
+        q, k = self.query(states), self.key(memory)  # (B, T, D), (B, S, D)
+        scores = q @ k.transpose(1, 2) / math.sqrt(q.size(-1))  # (B, T, S)
+        weights = masked_softmax(scores.float(), src_mask[:, None, :])  # (B, T, S), float32
+        logits = None
+        if output is not None:
+            context = self.norm(self.out(weights @ self.value(memory)))  # (B, T, D)
+            bias = output.bias.detach() if output.bias is not None else None
+            logits = nn.functional.linear(context, output.weight.detach(), bias)  # (B, T, V)
+        return weights[:, None], logits
+
+
+def attach_aligner(model: nn.Module, d_model: int, layer: int, full_context: bool, predicts: bool,
+                   seed: int) -> None:
+    """Give ``model`` an alignment layer (``model.aligner``), initialised from ``seed`` in a random state of
+    its own: the translation's weights and dropout draw the same random numbers as without it."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model.aligner = AlignmentLayer(d_model, layer, full_context, predicts)

@@ -245,6 +245,8 @@ RESUMABLE = {"max_steps", "max_epochs", "max_minutes", "valid_beam_size", "log_e
 # a fingerprint leaves such a key out while it has that value, so those runs still resume.
 ADDED_DYNAMICS = {"alignment": None, "plateau_patience": 2, "plateau_factor": 0.5, "tokenizer.sampling": None,
                   "freeze_embeddings": False}
+# The same for train.alignment.* keys.
+ADDED_ALIGNMENT = {"full_context": False, "module": "head", "objective": "links", "translation": "train"}
 # The same for model.* keys: a checkpoint's model fingerprint leaves them out while they have these values.
 ADDED_MODEL = {"scale_embeddings": True, "output_bias": False}
 
@@ -258,8 +260,9 @@ def fingerprint(cfg, world_size: int, tokenizer, data_lengths: Sequence[int]) ->
     training dynamics (``train.*`` but ``RESUMABLE``, ``tokenizer.sampling``, world size), tokenizer, data."""
     sampling = cfg.tokenizer.sampling
     trained = cfg.train.model_dump(mode="json") | {"tokenizer.sampling": sampling and sampling.model_dump()}
-    if trained.get("alignment") and not trained["alignment"].get("full_context"):
-        trained["alignment"] = {k: v for k, v in trained["alignment"].items() if k != "full_context"}
+    if trained.get("alignment"):
+        trained["alignment"] = {k: v for k, v in trained["alignment"].items()
+                                if not (k in ADDED_ALIGNMENT and v == ADDED_ALIGNMENT[k])}
     dynamics = {k: v for k, v in trained.items()
                 if k not in RESUMABLE and not (k in ADDED_DYNAMICS and v == ADDED_DYNAMICS[k])}
     dynamics["world_size"] = world_size
@@ -372,7 +375,7 @@ def load_model(model_path: Path, device: str | torch.device = "cpu"):
                               f"({type(e).__name__}: {e})") from None
     tokenizer = stored_tokenizer(files, expected, path)
     model = build_within_memory(lambda: build_model(cfg.model, tokenizer.src_vocab_size,
-                                                    tokenizer.tgt_vocab_size), path, device)
+                                                    tokenizer.tgt_vocab_size, train=cfg.train), path, device)
     state = payload["model"]
     if not isinstance(state, dict) or not all(isinstance(t, torch.Tensor) for t in state.values()):
         raise CheckpointError(f"{path}: its weights are not a mapping of names to tensors")
@@ -393,7 +396,8 @@ def model_spec(target: Path, overrides: list[str] | None = None) -> ModelSpec:
     from .footprint import fits_in_memory
 
     spec = _spec(Path(target), overrides)
-    fits_in_memory(lambda: build_model(spec.cfg.model, spec.src_vocab_size, spec.tgt_vocab_size), target)
+    fits_in_memory(lambda: build_model(spec.cfg.model, spec.src_vocab_size, spec.tgt_vocab_size,
+                                       train=spec.cfg.train), target)
     return spec
 
 

@@ -2,7 +2,9 @@
 
 Teacher forcing: ``model(batch, need_attention, align_layer, full_context)`` returns a ``ModelOutput``
 (``full_context``: the attention asked for comes from a pass in which every target position sees the whole
-target, Garg et al.'s alignment pass; the Transformer's, and a ValueError from a model that has none).
+target, Garg et al.'s alignment pass; the Transformer's, and a ValueError from a model that has none). A
+Transformer may carry an alignment layer (``model.aligner``, ``attention.AlignmentLayer``): it reads the
+translation detached, and its weights come as ``alignment`` and as the attention kind ``align``.
 Decoding goes
 through three calls that ``decoding/search.py`` relies on, and nothing else:
 
@@ -43,7 +45,12 @@ class ModelOutput:
     attention: dict[str, list[torch.Tensor]] | None = None
     """With ``need_attention``: name -> one weight tensor per layer, e.g. ``cross``: (B, H, T, S)."""
     alignment: torch.Tensor | None = None
-    """With ``align_layer``: that layer's cross-attention (B, H, T, S), in the graph (guided alignment)."""
+    """With ``align_layer``: that layer's cross-attention (B, H, T, S), in the graph (guided alignment); from
+    a model with an alignment layer (``model.aligner``), training or asked for attention: its weights
+    (B, 1, T, S)."""
+    align_logits: torch.Tensor | None = None
+    """An alignment layer that learns by predicting (``objective: predict``), training: its logits
+    (B, T, V)."""
 
 
 def per_sentence() -> Any:

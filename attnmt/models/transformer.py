@@ -246,6 +246,7 @@ class TransformerModel(nn.Module):
         pre = cfg.norm == "pre"
         self.enc_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
         self.dec_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
+        self.aligner: nn.Module | None = None  # an alignment layer, attached by ``attach_aligner``
         self.output = nn.Linear(cfg.d_model, tgt_vocab_size, bias=cfg.output_bias)
         if cfg.output_bias:
             nn.init.zeros_(self.output.bias)
@@ -287,28 +288,49 @@ class TransformerModel(nn.Module):
         cross_kvs = self._cross_kv(memory)
         x = self._embed(self.tgt_embed, batch.tgt_in, 0)  # (B, T, D)
         causal_align = None if full_context else align_layer
-        top, self_weights, cross_weights = self._decode(x, cross_kvs, batch.src_mask,
-                                                        need_attention and not full_context, causal_align)
+        aligner = self.aligner
+        aligner = aligner if aligner is not None and (aligner.training or need_attention) else None
+        keep = aligner.layer if aligner is not None and not aligner.full_context else None
+        top, self_weights, cross_weights, kept = self._decode(
+            x, cross_kvs, batch.src_mask, need_attention and not full_context, causal_align, keep=keep)
         logits = self.output(self.dec_norm(top))  # (B, T, V)
         if full_context and (need_attention or align_layer is not None):
             layers = len(self.decoder) if need_attention else align_layer + 1
-            _, self_weights, cross_weights = self._decode(x, cross_kvs[:layers], batch.src_mask,
-                                                          need_attention, align_layer, batch.tgt_mask)
+            _, self_weights, cross_weights, _ = self._decode(x, cross_kvs[:layers], batch.src_mask,
+                                                             need_attention, align_layer, batch.tgt_mask)
         attention = ({"enc_self": enc_weights, "dec_self": self_weights, "cross": cross_weights}
                      if need_attention else None)
-        return ModelOutput(logits, attention, cross_weights[align_layer] if align_layer is not None else None)
+        out = ModelOutput(logits, attention, cross_weights[align_layer] if align_layer is not None else None)
+        if aligner is not None:
+            self._align(out, aligner, x, cross_kvs, memory, batch, kept)
+        return out
+
+    def _align(self, out: ModelOutput, aligner, x, cross_kvs, memory, batch, states) -> None:
+        """The alignment layer's weights (``out.alignment``, the attention kind ``align``) and, learning by
+        prediction, its logits. Its queries: the decoder's states after its layer in the causal pass
+        (``states``), or in a pass that sees the whole target, run here without gradients (they are read
+        detached) and after the translation's, so that its dropout draws nothing the translation would."""
+        if states is None:
+            with torch.no_grad():
+                states = self._decode(x, cross_kvs[: aligner.layer + 1], batch.src_mask, False, None,
+                                      batch.tgt_mask, keep=aligner.layer)[3]
+        output = self.output if aligner.predicts and aligner.training else None
+        out.alignment, out.align_logits = aligner(states, memory, batch.src_mask, output)
+        if out.attention is not None:
+            out.attention["align"] = [out.alignment]
 
     def _decode(self, x: torch.Tensor, cross_kvs: list, src_mask: torch.Tensor, need_attention: bool,
-                align_layer: int | None, tgt_mask: torch.Tensor | None = None):
+                align_layer: int | None, tgt_mask: torch.Tensor | None = None, keep: int | None = None):
         """The decoder layers of ``cross_kvs`` (every layer, or the first few) over the embedded target x
-        (B, T, D); causal, or with ``tgt_mask`` full-context. Returns (x, self weights, cross weights), the
-        weights one entry per layer (None where not asked for)."""
-        self_weights, cross_weights = [], []
+        (B, T, D); causal, or with ``tgt_mask`` full-context. Returns (x, self weights, cross weights, the
+        states after layer ``keep`` or None), the weights one entry per layer (None where not asked for)."""
+        self_weights, cross_weights, kept = [], [], None
         for i, (layer, cross_kv) in enumerate(zip(self.decoder, cross_kvs)):
             x, sw, cw = self._layer(layer, x, cross_kv, src_mask, need_attention, i == align_layer, tgt_mask)
             self_weights.append(sw)
             cross_weights.append(cw)
-        return x, self_weights, cross_weights
+            kept = x if i == keep else kept
+        return x, self_weights, cross_weights, kept
 
     # ------------------------------------------------------------------ incremental decoding
     #

@@ -21,11 +21,17 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     """AdamW over two parameter groups: weight decay for tensors of two or more dimensions, none for the
     rest. Build it after the model is on its device (the fused kernel takes CPU and CUDA tensors).
     ``train.freeze_embeddings``: the source and target embeddings (a tied output layer with them) take no
-    gradient and are left out."""
+    gradient and are left out; ``train.alignment.translation: frozen``, every weight but the alignment
+    layer's."""
     if cfg.freeze_embeddings:
         for name, module in model.named_modules():
             if name.rpartition(".")[2] in ("src_embed", "tgt_embed"):
                 module.weight.requires_grad_(False)
+    guided = cfg.alignment
+    if guided is not None and guided.translation == "frozen":  # only the alignment layer learns
+        own = {id(p) for p in model.aligner.parameters()}
+        for p in model.parameters():
+            p.requires_grad_(id(p) in own)
     trained = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in trained if p.dim() >= 2]
     no_decay = [p for p in trained if p.dim() < 2]

@@ -18,7 +18,7 @@ from ..data.prepare import write_tokenizer
 from ..data.readers import describe_source
 from ..data.subword_sampling import SubwordSampler, longest_sampled
 from ..data.tokenizer import Tokenizer, folder_sha256, load_tokenizer, recorded_sha256
-from ..errors import ConfigError, DataError
+from ..errors import CheckpointError, ConfigError, DataError
 from ..models.checkpoint import diff_dicts, load_model, recorded_tokenizer
 from ..runfiles import RunDir
 from .distributed import choose_device
@@ -154,9 +154,20 @@ def guided_links(cfg: Config, run: RunDir, train_data: EncodedSplit,
     supervised = sum(1 for x in guided.links if len(x))
     skipped = (f"; {guided.skipped} left out (their pieces make other words than their spaces: "
                f"first at line {guided.first_skipped})" if guided.skipped else "")
+    who = (f"an alignment layer on decoder layer {alignment.layer}" if alignment.module == "layer" else
+           f"decoder layer {alignment.layer}, heads {alignment.heads}")
     return guided.links, (f"guided alignment: {supervised} of {len(guided.links)} training pairs have "
-                          f"links{skipped}; decoder layer {alignment.layer}, heads {alignment.heads}, "
-                          f"weight {alignment.weight:g}")
+                          f"links{skipped}; {who}, weight {alignment.weight:g}")
+
+
+def load_initial(model: torch.nn.Module, state: dict, path: Path) -> None:
+    """``train.init_from``'s weights into ``model``; a model given an alignment layer that the checkpoint
+    lacks keeps its own, newly drawn (the layer is added on top of a trained model)."""
+    result = model.load_state_dict(state, strict=False)
+    missing = [k for k in result.missing_keys if not k.startswith("aligner.")]
+    if missing or result.unexpected_keys:
+        raise CheckpointError(f"train.init_from {path}: its weights do not fit this run's model "
+                              f"(missing {missing[:3]}, unexpected {result.unexpected_keys[:3]})")
 
 
 def resampler(cfg: Config, train_data: EncodedSplit, tokenizer: Tokenizer) -> SubwordSampler | None:

@@ -20,10 +20,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config.schema import TrainConfig
+from ..config.schema import GuidedAlignmentConfig, TrainConfig
 from ..data.batching import Batch, EncodedSplit, gather
 from ..data.subword_sampling import SubwordSampler
 from ..data.tokenizer import PAD_ID
+from ..models import ModelOutput
 from ..models.loss import guided_alignment_loss, label_smoothed_nll
 from .distributed import Dist
 from .faults import Faults
@@ -83,8 +84,7 @@ class OptimizerStep:
         loss_sum, nll_sum, align_sum, stop, up = self.dist.all_sum(shared)
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
-        max_norm = self.cfg.clip_norm if self.cfg.clip_norm > 0 else float("inf")
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+        grad_norm = self._clip()
         if not math.isfinite(grad_norm) or not math.isfinite(loss_sum):
             # Identical on every rank after DDP's all-reduce, so every rank skips the same step.
             self.optimizer.zero_grad(set_to_none=True)
@@ -101,6 +101,21 @@ class OptimizerStep:
         self.optimizer.zero_grad(set_to_none=True)
         return StepResult(False, stop > 0, up > 0, loss_sum, nll_sum, global_tgt, global_tgt + global_src,
                           grad_norm, lr, align_sum if self.cfg.alignment is not None else None)
+
+    def _clip(self) -> float:
+        """Clip the gradients to ``train.clip_norm``; returns the translation's norm before clipping. An
+        alignment layer's gradients are clipped apart (so the translation's clipping is what it would be
+        without it), and dropped, its update skipped, where they are not finite."""
+        max_norm = self.cfg.clip_norm if self.cfg.clip_norm > 0 else float("inf")
+        aligner = getattr(self.model, "aligner", None)
+        if aligner is None:
+            return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+        own = {id(p) for p in aligner.parameters()}
+        if not math.isfinite(float(torch.nn.utils.clip_grad_norm_(aligner.parameters(), max_norm))):
+            for p in aligner.parameters():
+                p.grad = None
+        translation = [p for p in self.model.parameters() if id(p) not in own and p.grad is not None]
+        return float(torch.nn.utils.clip_grad_norm_(translation, max_norm)) if translation else 0.0
 
     def ahead(self, batches: list[list[int]], at: int, epoch: int, done: int) -> None:
         """With a sampler, the pieces of the step after the one about to run (``done`` steps run, its
@@ -132,8 +147,11 @@ class OptimizerStep:
         returns (loss sum, nll sum, guided alignment loss sum, global target tokens, global source tokens).
         With ``train.alignment``, the loss is the translation loss + weight * the alignment loss."""
         guided = self.cfg.alignment
-        if guided is not None:
-            align_layer, align_heads = guided.layer - 1, [h - 1 for h in guided.heads]
+        layer = guided is not None and guided.module == "layer"
+        align_layer = guided.layer - 1 if guided is not None and not layer else None
+        if layer and guided.translation == "frozen":  # the translation as it decodes: no dropout
+            self.model.eval()
+            self.model.aligner.train()
         parts = self._parts(micro_batches, step, epoch)
         local_tgt, local_src = sum(b.n_tgt_tokens for _, b in parts), sum(b.n_src_tokens for _, b in parts)
         global_tgt, global_src = self.dist.all_sum([float(local_tgt), float(local_src)])
@@ -145,14 +163,14 @@ class OptimizerStep:
             last = m == len(parts) - 1 or not self.dist.active
             with (contextlib.nullcontext() if last else self.ddp_model.no_sync(),
                   torch.autocast(self.device.type, **autocast)):
-                out = (self.forward(batch) if guided is None else
+                out = (self.forward(batch) if align_layer is None else
                        self.forward(batch, align_layer=align_layer, full_context=guided.full_context))
                 loss = label_smoothed_nll(out.logits, batch.tgt_out, PAD_ID, self.cfg.label_smoothing)
                 if self.faults.poisons(step):
                     loss.loss = loss.loss * float("nan")
                 total = loss.loss
                 if guided is not None:
-                    aligned = guided_alignment_loss(out.alignment, batch.align, align_heads)
+                    aligned = alignment_loss(guided, out, batch)
                     total = total + guided.weight * aligned
                     align_sum += float(aligned.detach())
                 scaled = total * (self.dist.world_size / max(global_tgt, 1.0))
@@ -160,3 +178,12 @@ class OptimizerStep:
             loss_sum += float(loss.loss.detach())
             nll_sum += float(loss.nll)
         return loss_sum, nll_sum, align_sum, global_tgt, global_src
+
+
+def alignment_loss(guided: GuidedAlignmentConfig, out: ModelOutput, batch: Batch) -> torch.Tensor:
+    """``train.alignment``'s loss, a sum over target pieces: the taught heads' or the alignment layer's
+    weights against the batch's links, or the alignment layer's predictions (``objective: predict``)."""
+    if guided.objective == "predict":
+        return label_smoothed_nll(out.align_logits, batch.tgt_out, PAD_ID, 0.0).loss
+    heads = [h - 1 for h in guided.heads] if guided.module == "head" else [0]
+    return guided_alignment_loss(out.alignment, batch.align, heads)

@@ -135,7 +135,7 @@ class Trainer:
         self.tokenizer = runstart.run_tokenizer(run, found)
         self.train_data = load_split(run, "train")
         dev_data = load_split(run, "dev")
-        if self.tc.alignment is not None:
+        if self.tc.alignment is not None and self.tc.alignment.objective == "links":
             self.train_data.align, said = runstart.guided_links(self.cfg, run, self.train_data,
                                                                 self.tokenizer)
             self.log.show(Message(said))
@@ -153,7 +153,7 @@ class Trainer:
         if found is not None:
             self._restore(*found)
         elif self.initial is not None:
-            self.model.load_state_dict(self.initial[0], strict=True)
+            runstart.load_initial(self.model, *self.initial)
             self.log.show(Message(f"fine-tuning from {self.initial[1]} (its weights; a fresh optimizer and "
                                   "schedule)"))
             self.log.truncate(0)
@@ -176,7 +176,7 @@ class Trainer:
         torch.manual_seed(self.tc.seed)
         tokenizer = self.tokenizer
         self.model = build_model(self.cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size,
-                                 PAD_ID).to(self.device)
+                                 PAD_ID, self.tc).to(self.device)
         self.model.gradient_checkpointing = self.tc.gradient_checkpointing
         self.optimizer = make_optimizer(self.model, self.tc)
         self.schedule = Schedule.from_config(self.tc, self.total_steps)

@@ -1,0 +1,149 @@
+"""The alignment layer (``train.alignment.module: layer``, Zenkel et al. 2019, 2020): an attention of its own
+on the translation's detached states. The oracle: the same run with and without it ends with the same
+translation weights, bit for bit (its initialisation and its passes draw none of the translation's random
+numbers, its gradients stop at its inputs, its clipping is its own); the same holds for a layer trained by
+prediction on the full-context pass. On the toy task it aligns the gold better than the heads do, by default
+in ``align``; added on top of a trained run with the translation frozen, the model translates as before.
+
+Commands run in-process (``CliRunner``) on small models, to keep the module fast.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from helpers import assert_one_error_line
+from typer.testing import CliRunner
+
+from attnmt.cli import app
+from attnmt.config.schema import TrainConfig
+from attnmt.models.attention import attach_aligner
+from attnmt.models.checkpoint import load_checkpoint, resolve_model_path
+
+
+def invoke(*args):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+TINY = {
+    "data": {"src_lang": "en", "tgt_lang": "de", "train": {"format": "toy", "split": "train", "size": 2000},
+             "dev": {"format": "toy", "split": "dev", "size": 40}},
+    "tokenizer": {"vocab_size": 100},
+    "model": {"arch": "transformer", "d_model": 32, "n_heads": 2, "enc_layers": 1, "dec_layers": 2,
+              "d_ff": 64, "dropout": 0.1},
+    "train": {"device": "cpu", "lr": 5.0e-3, "schedule": "constant", "warmup_steps": 0, "max_tokens": 1024,
+              "max_steps": 300, "eval_every": 150, "save_every": 300, "log_every": 50, "precision": "fp32",
+              "clip_norm": 0.5},
+    "decode": {"beam_size": 1},
+}  # fmt: skip
+
+
+def _train(root, name: str, reuse=None, **train):
+    """Train ``name`` under ``root`` with TINY's train section updated by ``train``; ``reuse``: a run whose
+    prepared data and tokenizer are copied in."""
+    config, run = root / f"{name}.yaml", root / name
+    config.write_text(json.dumps({**TINY, "train": {**TINY["train"], **train}}), encoding="utf-8")
+    if reuse is not None:
+        for part in ("data", "tokenizer"):
+            shutil.copytree(reuse / part, run / part)
+        shutil.copy(reuse / "config.yaml", run / "config.yaml")
+    result = invoke("train", config, "--run-dir", run)
+    assert result.exit_code == 0, result.output
+    return run
+
+
+def _weights(run) -> dict[str, torch.Tensor]:
+    return load_checkpoint(resolve_model_path(run))["model"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """A plain toy run, the same with an alignment layer taught the toy gold, and one added with the
+    translation frozen on top of the plain run; and the toy test files."""
+    root = tmp_path_factory.mktemp("aligner")
+    plain = _train(root, "plain")
+    layer = _train(root, "layer", plain, alignment={"module": "layer", "layer": 1})
+    frozen = _train(root, "frozen", plain, max_steps=150, init_from=str(plain),
+                    alignment={"module": "layer", "layer": 1, "translation": "frozen"})
+    data = root / "toy"
+    assert invoke("toy-data", data, "--train-size", 1, "--dev-size", 1, "--test-size", 200).exit_code == 0
+    return {"root": root, "plain": plain, "layer": layer, "frozen": frozen, "data": data}
+
+
+def _same_translation(a: dict, b: dict) -> None:
+    translation = sorted(k for k in b if not k.startswith("aligner."))
+    assert sorted(k for k in a if not k.startswith("aligner.")) == translation
+    differ = [k for k in translation if not torch.equal(a[k], b[k])]
+    assert not differ, differ[:5]
+
+
+@pytest.mark.parametrize("alignment", [
+    {"module": "layer", "layer": 2},
+    {"module": "layer", "layer": 1, "objective": "predict", "full_context": True},
+])
+def test_the_translation_learns_bit_for_bit_as_without_the_layer(runs, alignment):
+    """Oracle: 12 steps with dropout, a validation halfway, clipping that binds, the translation's weights
+    exactly those of the same 12 steps without the layer; the layer's own weights moved."""
+    short = {"max_steps": 12, "eval_every": 6, "save_every": 12}
+    name = f"short_{alignment['layer']}"
+    plain = _train(runs["root"], f"{name}_plain", runs["plain"], **short)
+    with_layer = _train(runs["root"], name, runs["plain"], **short, alignment=alignment)
+    a, b = _weights(plain), _weights(with_layer)
+    _same_translation(a, b)
+    assert {k for k in b if k.startswith("aligner.")} >= {"aligner.query.weight", "aligner.key.weight"}
+    fresh = torch.nn.Module()  # the layer as drawn at the start: training moved it
+    attach_aligner(fresh, 32, alignment["layer"] - 1, False, False, seed=TrainConfig().seed + 1)
+    assert not torch.equal(fresh.aligner.query.weight, b["aligner.query.weight"])
+
+
+def test_the_layer_aligns_the_toy_gold_and_align_reads_it_by_default(runs):
+    data = runs["data"]
+    pair = ("--src", data / "test.en", "--tgt", data / "test.de", "--gold", data / "test.align", "--json")
+    scores = {}
+    for name in ("plain", "layer", "frozen"):
+        result = invoke("align", runs[name], *pair)
+        assert result.exit_code == 0, result.output
+        scores[name] = json.loads(result.stdout)
+    print({name: round(s["aer"], 4) for name, s in scores.items()})
+    assert scores["layer"]["layer"] == "aligner" and scores["plain"]["layer"] == "avg"
+    assert scores["layer"]["aer"] < min(scores["plain"]["aer"] / 2, 0.05)
+    assert scores["frozen"]["aer"] < min(scores["plain"]["aer"] / 2, 0.05)
+    # The cross-attention is still there to read, by asking for it.
+    heads = json.loads(invoke("align", runs["layer"], *pair, "--layer", "avg").stdout)
+    assert heads["layer"] == "avg" and heads["aer"] != scores["layer"]["aer"]
+    refused = invoke("align", runs["plain"], *pair, "--layer", "aligner")
+    assert refused.exit_code == 2 and "has no alignment layer" in assert_one_error_line(refused.stderr)
+
+
+def test_a_layer_added_with_the_translation_frozen_translates_bit_for_bit_as_before(runs):
+    _same_translation(_weights(runs["plain"]), _weights(runs["frozen"]))
+    data = runs["data"]
+    out = {name: runs["root"] / f"{name}.hyp" for name in ("plain", "frozen")}
+    for name, path in out.items():
+        result = invoke("translate", runs[name], "--input", data / "test.en", "--output", path)
+        assert result.exit_code == 0, result.output
+    assert out["plain"].read_bytes() == out["frozen"].read_bytes()
+
+
+@pytest.mark.parametrize("alignment, needle", [
+    ({"module": "layer", "objective": "predict", "translation": "frozen"}, "train.alignment.translation: "
+     "frozen needs train.init_from"),
+    ({"objective": "predict"}, "train.alignment.objective: predict is the alignment layer's"),
+    ({"module": "layer", "heads": [2]}, "train.alignment.heads: [2], but the alignment layer has one head"),
+    ({"module": "layer", "objective": "predict", "path": "x.align"},
+     "train.alignment.path: objective predict"),
+    ({"module": "layer", "lstm": True}, "train.alignment.module: layer needs model.arch transformer"),
+])
+def test_the_layer_s_keys_that_do_not_go_together_are_one_line(tmp_path, alignment, needle):
+    model = TINY["model"]
+    if alignment.pop("lstm", False):
+        model = {"arch": "lstm", "emb_dim": 8, "hidden_size": 8}
+    config = tmp_path / "config.yaml"
+    train = {**TINY["train"], "alignment": alignment}
+    config.write_text(json.dumps({**TINY, "model": model, "train": train}), encoding="utf-8")
+    result = invoke("train", config, "--run-dir", tmp_path / "run")
+    assert result.exit_code == 2, result.output
+    assert needle in assert_one_error_line(result.stderr)
