@@ -61,7 +61,8 @@ def plot(model: ModelArg, sentences: opt.Sentences = None, input_: InputOpt = No
     The translation is read back under teacher forcing, so every layer and head is there: an LSTM's one
     attention map; a Transformer's cross-attention per layer as a grid of heads and their average (and with
     --self its encoder and decoder self-attention).
-    Files: NNNN_cross_layerL.png, NNNN_enc_self_layerL.png, ...
+    Files: NNNN_cross_layerL.png, NNNN_enc_self_layerL.png, ...; a model with an alignment layer
+    (train.alignment.module: layer) also NNNN_align_layer1.png, unless --layer or --head chooses.
 
     With --html FILE, one page instead: a sentence navigator; cross, encoder and decoder self-attention
     (with --self); any layer, head or their average; a heatmap or a line view; pieces or words; the word
@@ -70,6 +71,7 @@ def plot(model: ModelArg, sentences: opt.Sentences = None, input_: InputOpt = No
     A page whose flow would take longer than --flow-budget seconds (estimated) is refused before translating.
     """
     from ..insight.attention_maps import HeatmapOptions, draw_attention
+    from ..insight.link_request import has_aligner
     from ..insight.plot import KIND_TITLES
     from ..models import attention_layout
 
@@ -86,6 +88,8 @@ def plot(model: ModelArg, sentences: opt.Sentences = None, input_: InputOpt = No
         if given and "enc_self" not in n_layers:
             raise ConfigError(f"{flag}: a {cfg.model.arch} model has no self-attention to follow")
     kinds = ("cross", "enc_self", "dec_self") if self_ else ("cross",)
+    if has_aligner(cfg) and layer is None and head is None:  # its alignment layer first: what align reads
+        kinds, n_layers = ("align", *kinds), {**n_layers, "align": 1}
     kinds += tuple(relevance)
     if html is not None:
         budget = (FLOW_BUDGET if flow_budget is None else flow_budget) if flow else None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -86,13 +87,23 @@ def export(
 
         if quantization is not Quantization.float32:
             raise ConfigError(f"--quantization {quantization.value}: for --to ctranslate2 only")
-        checkpoint = export_marian(model, out)
+        checkpoint, cfg = export_marian(model, out)
         typer.echo(f"exported {checkpoint} to {out} (huggingface: MarianMTModel, float32)")
+        _say_aligner_left_out(cfg.train.alignment, "a Marian folder")
         return
+    from ..config.schema import config_from_dict
     from ..decoding.ctranslate import export_ctranslate2
 
     manifest = export_ctranslate2(model, out, quantization.value)
     typer.echo(f"exported {manifest['checkpoint']} to {out} ({to.value}, {quantization.value})")
+    _say_aligner_left_out(config_from_dict(manifest["config"]).train.alignment, "a CTranslate2 model")
+
+
+def _say_aligner_left_out(guided, what: str) -> None:
+    """An export leaves a model's alignment layer out (the engines have no place for it): said on stderr."""
+    if guided is not None and guided.module == "layer":
+        sys.stderr.write(f"note: the alignment layer is not exported ({what} has no place for it); align, "
+                         "plot and translate --markup read it from the attnmt checkpoint\n")
 
 
 @command(name="import", inputs=("folder",), outputs={"out": Output()})

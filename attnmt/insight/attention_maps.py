@@ -119,7 +119,8 @@ def draw_encoded(translator: Translator, src_ids: Sequence[Sequence[int]], numbe
     written = 0
     for src, hyp, pair_maps, number in zip(src_ids, hyps, maps, numbers):
         src_pieces, tgt_pieces = tokenizer.src_pieces(src) + ["</s>"], tokenizer.tgt_pieces(hyp)
-        labels = {"cross": (src_pieces, tgt_pieces + ["</s>"]), "enc_self": (src_pieces, src_pieces),
+        labels = {"cross": (src_pieces, tgt_pieces + ["</s>"]), "align": (src_pieces, tgt_pieces + ["</s>"]),
+                  "enc_self": (src_pieces, src_pieces),
                   "dec_self": (["<s>"] + tgt_pieces, ["<s>"] + tgt_pieces)}
         for kind in kinds:
             layer = (options.layers or {}).get(kind)

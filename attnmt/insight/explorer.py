@@ -73,13 +73,14 @@ from ..runfiles import atomic_write_bytes
 # What a prediction owes its inputs, each as a source kind and a prefix kind (one layer of one head): a
 # gradient attribution, ALTI+, attention rollout and attention flow.
 SHARE_KINDS = {"attribution": "attribution", "alti": "ALTI+", "rollout": "rollout", "flow": "flow"}
-KINDS = ("cross", "enc_self", "dec_self", *(k + end for k in SHARE_KINDS for end in ("", "_prefix")))
-KIND_NAMES = {"cross": "cross-attention", "enc_self": "encoder self-attention",
+KINDS = ("align", "cross", "enc_self", "dec_self", *(k + end for k in SHARE_KINDS for end in ("", "_prefix")))
+KIND_NAMES = {"cross": "cross-attention", "align": "alignment layer", "enc_self": "encoder self-attention",
               "dec_self": "decoder self-attention",
               **{k + end: f"{name}: {side}" for k, name in SHARE_KINDS.items()
                  for end, side in (("", "source"), ("_prefix", "prefix"))}}
 # Which piece sequence labels the rows (queries) and the columns (keys) of each kind.
-KIND_AXES = {"cross": ("tgt", "src"), "enc_self": ("src", "src"), "dec_self": ("tgt_in", "tgt_in"),
+KIND_AXES = {"cross": ("tgt", "src"), "align": ("tgt", "src"), "enc_self": ("src", "src"),
+             "dec_self": ("tgt_in", "tgt_in"),
              **{k + end: ("tgt", side) for k in SHARE_KINDS
                 for end, side in (("", "src"), ("_prefix", "tgt_in"))}}
 LEVELS = 255  # uint8 quantisation: w -> round(w * LEVELS)

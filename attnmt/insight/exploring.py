@@ -43,10 +43,11 @@ def attribute_corpus(translator: Translator, sources: Sequence[str], targets: Se
     src_ids, _, tgt_ids, _ = word_pieces(translator, sources, targets, None)
     pairs = [i for i in range(len(sources)) if src_ids[i] and tgt_ids[i]]
     chosen = ([src_ids[i] for i in pairs], [tgt_ids[i] for i in pairs])
-    if method == "attention":
+    if method == "attention":  # the alignment layer's, for a model that has one
+        kind = "cross" if getattr(translator.model, "aligner", None) is None else "align"
         maps = teacher_forced_attention(translator.model, *chosen, translator.device,
-                                        translator.decode.max_tokens, ["cross"], on_pair)
-        results = [from_attention(pair_maps["cross"]) for pair_maps in maps]
+                                        translator.decode.max_tokens, [kind], on_pair)
+        results = [from_attention(pair_maps[kind]) for pair_maps in maps]
     elif method == "alti":
         results = alti_pairs(translator.model, *chosen, translator.device, on_pair)
     else:
@@ -119,6 +120,7 @@ def explorer_sentences(translator: Translator, sources: Sequence[str], targets: 
     relevance = [k for k in kinds if k in RELEVANCE]
     attention = [k for k in kinds if k not in RELEVANCE]
     read = ["cross", "enc_self", "dec_self"] if relevance else attention
+    read = [*read, options.kind] if options.kind not in read else read  # what the links are read from
     maps = teacher_forced_attention(translator.model, [src_ids[i] for i in pairs],
                                     [tgt_ids[i] for i in pairs], translator.device,
                                     translator.decode.max_tokens, read)
@@ -139,7 +141,7 @@ def explorer_sentences(translator: Translator, sources: Sequence[str], targets: 
     page = []
     for i, pair_maps, pair_shares in zip(pairs, maps, shares):
         src, tgt = tokenizer.src_pieces(src_ids[i]), tokenizer.tgt_pieces(tgt_ids[i])
-        links = read_links(pair_maps["cross"], src_groups[i], tgt_groups[i], options)
+        links = read_links(pair_maps[options.kind], src_groups[i], tgt_groups[i], options)
         sure, possible, aer = None, None, None
         if gold is not None:
             sure, possible = gold.sure[i], gold.possible[i]

@@ -333,7 +333,7 @@ def head_panels(layer: np.ndarray, head: int | None = None) -> tuple[np.ndarray,
 KIND_AXES = {"cross": ("source", "target"), "enc_self": ("source (keys)", "source"),
              "dec_self": ("target (keys)", "target")}
 KIND_TITLES = {"cross": "cross-attention", "enc_self": "encoder self-attention",
-               "dec_self": "decoder self-attention"}
+               "dec_self": "decoder self-attention", "align": "alignment layer"}
 
 
 def sentence_maps(

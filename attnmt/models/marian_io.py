@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, StrictBool, ValidationError, field_v
 from .. import __version__
 from ..config.describe import describe
 from ..config.jsonfile import read_json, regular_bytes
+from ..config.schema import Config
 from ..data.piece_map import PieceMap
 from ..data.tokenizer import Tokenizer
 from ..errors import CheckpointError, ConfigError
@@ -277,9 +278,10 @@ def marian_files(model, cfg, tokenizer: Tokenizer) -> dict[str, bytes]:
             "model.safetensors": save_safetensors(weights, metadata={"format": "pt"})}
 
 
-def export_marian(model_path: Path, out: Path) -> Path:
-    """Write MODEL as a Marian folder ``out`` (new or empty, written whole); returns the checkpoint read.
-    A model no Marian folder represents is a ConfigError naming the key."""
+def export_marian(model_path: Path, out: Path) -> tuple[Path, Config]:
+    """Write MODEL as a Marian folder ``out`` (new or empty, written whole); returns the checkpoint read and
+    its config. A model no Marian folder represents is a ConfigError naming the key; an alignment layer
+    (``train.alignment.module: layer``) has no place in one and is left out."""
     from ..runfiles import check_new_folder, publish_folder
     from .checkpoint import load_model
 
@@ -296,4 +298,4 @@ def export_marian(model_path: Path, out: Path) -> Path:
             (tmp / name).write_bytes(data)
 
     publish_folder(out, fill)
-    return checkpoint
+    return checkpoint, cfg

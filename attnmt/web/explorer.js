@@ -11,7 +11,7 @@
   const LINK_NAMES = {"link-sure": "sure, predicted", "link-possible": "possible, predicted",
                       "link-false": "predicted, not in gold", "link-missed": "sure, missed",
                       "link-predicted": "predicted link"};
-  const state = {sentence: 0, kind: "cross", layer: null, head: "avg", view: "heatmap", units: "pieces"};
+  const state = {sentence: 0, kind: null, layer: null, head: "avg", view: "heatmap", units: "pieces"};
   let WEIGHTS = null;
   let drawn = null;  // what is on screen: {mat, rowLabels, colLabels, marks}
   window.explorerDraws = 0;
@@ -128,7 +128,7 @@
       mat = mergeWords(mat, s.words[rowSide], s.words[colSide]);
       rowLabels = s.words[rowSide].labels;
       colLabels = s.words[colSide].labels;
-      if (state.kind === "cross") marks = alignmentMarks(s);
+      if (state.kind === "cross" || state.kind === "align") marks = alignmentMarks(s);
     }
     return {s: s, mat: mat, rowLabels: rowLabels, colLabels: colLabels, marks: marks,
             rowSide: rowSide, colSide: colSide, layer: layer, head: head};
@@ -288,7 +288,7 @@
     const s = DATA.sentences[state.sentence];
     const gold = s.sure !== null || s.possible !== null;
     const shown = order.filter((c) => (gold ? c !== "link-predicted" : c === "link-predicted"));
-    legend.hidden = !(state.units === "words" && state.kind === "cross" && s.links);
+    legend.hidden = !(state.units === "words" && (state.kind === "cross" || state.kind === "align") && s.links);
     legend.replaceChildren(...shown.map((c) => {
       const item = el("span", "legend-item");
       item.dataset.class = c;

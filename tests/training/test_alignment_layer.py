@@ -10,7 +10,9 @@ Commands run in-process (``CliRunner``) on small models, to keep the module fast
 
 from __future__ import annotations
 
+import html
 import json
+import re
 import shutil
 
 import pytest
@@ -147,3 +149,32 @@ def test_the_layer_s_keys_that_do_not_go_together_are_one_line(tmp_path, alignme
     result = invoke("train", config, "--run-dir", tmp_path / "run")
     assert result.exit_code == 2, result.output
     assert needle in assert_one_error_line(result.stderr)
+
+
+def test_plot_the_page_attribute_and_export_read_or_leave_out_the_layer(runs, tmp_path):
+    """``plot`` draws the alignment layer too, the explorer page starts on it and marks its links,
+    ``attribute --method attention`` reads it, and an export says it leaves it out."""
+    layer, data = runs["layer"], runs["data"]
+    drawn = invoke("plot", layer, "tuesday , march 14th", "--out", tmp_path / "maps")
+    assert drawn.exit_code == 0, drawn.output
+    names = sorted(p.name for p in (tmp_path / "maps").iterdir())
+    assert any("_align_layer1." in n for n in names) and any("_cross_layer" in n for n in names), names
+    chosen = invoke("plot", layer, "tuesday , march 14th", "--out", tmp_path / "one", "--layer", "2")
+    assert chosen.exit_code == 0 and not any("_align_" in p.name for p in (tmp_path / "one").iterdir())
+    page = tmp_path / "page.html"
+    made = invoke("plot", layer, "--input", data / "test.en", "--limit", 3, "--html", page)
+    assert made.exit_code == 0, made.output
+    found = re.search(r'<script id="explorer-data" type="application/json">(.*?)</script>',
+                      page.read_text(encoding="utf-8"), re.S)
+    shown = json.loads(html.unescape(found.group(1)))
+    first = [list(entry["maps"])[0] for entry in shown["sentences"]]
+    assert first == ["align"] * 3
+    (tmp_path / "two.en").write_text("tuesday , march 14th\nmay 22nd , 2040\n", encoding="utf-8")
+    attributed = invoke("attribute", layer, "--src", tmp_path / "two.en", "--method", "attention",
+                        "--output", tmp_path / "attr.jsonl")
+    assert attributed.exit_code == 0, attributed.output
+    rows = [json.loads(line) for line in (tmp_path / "attr.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert len(rows) == 2 and all(abs(sum(r) - 1) < 1e-3 for r in rows[0]["source"])
+    exported = invoke("export", layer, tmp_path / "ct2")
+    assert exported.exit_code == 0, exported.output
+    assert "the alignment layer is not exported (a CTranslate2 model has no place for it)" in exported.stderr
