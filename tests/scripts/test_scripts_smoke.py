@@ -175,6 +175,13 @@ def smoke_runs(w: World, tmp: Path) -> dict[str, list[Run]]:
             # --hog 1: the same level alone and beside one busy process, and the start-up both ways
             Run([w.run, "--src", w.toy / "test.en", "--limit", 2, "--clients", 1, "--seconds", 1, "--hog", 1,
                  "--serve-args=--bulk-above 0 --threads 1"], "| clients | requests alone / beside |")],
+        # --smoke: 20 lines, every mode; the toy test files with their gold links, then --toy's own pairs
+        "bench_tags.py": [
+            Run([w.run, "--src", w.toy / "test.en", "--tgt", w.toy / "test.de", "--links",
+                 w.toy / "test.align", "--smoke", "--out", tmp / "tags.json"],
+                "| mode | lines | tags | exact target span |"),
+            Run([w.run, "--toy", 5, "--tags-per-line", 2, "--max-span", 2, "--smoke"],
+                "| mode | lines | tags | exact target span |")],
         # --smoke: 200/20/20 toy pairs, the recipes' smallest model, one reading of each of the three models
         "bench_toy_align.py": [Run(["--smoke", "--out", tmp / "out"], "| recipe | reading | AER |")],
         # --smoke: the toy task for Multi30k, the smallest model, 2 steps of the two runs symmetrised
