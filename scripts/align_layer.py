@@ -1,0 +1,173 @@
+"""An alignment layer on a model that exists, in one command: the translation frozen (it goes on translating
+bit for bit as before), only the layer learning (``train.alignment.module: layer``, ``translation: frozen``),
+taught by eflomal, by a Pharaoh file of yours, or by no teacher at all.
+
+    python scripts/align_layer.py RUN --out DIR [--teacher self|eflomal|FILE] [--steps N]
+        [--src TEST_SRC --tgt TEST_TGT --gold TEST_LINKS]
+
+RUN is a trained run folder (``attnmt train``): its resolved config, tokenizer and prepared data are reused,
+so nothing is prepared again. Steps, each skipped when its result is already in ``--out`` (run it again to
+go on after a stop):
+
+1. ``--teacher self`` (the default; Zenkel et al. 2019, 2020): ``OUT/predict``, a layer that learns to
+   predict each target piece from the source alone through its own attention (``objective: predict``), then
+   ``OUT/train.align``, its links of the training corpus (``attnmt align OUT/predict``);
+   ``--teacher eflomal``: ``OUT/train.align`` by ``scripts/eflomal_align.py``; ``--teacher FILE``: that
+   Pharaoh file (one line per line of the training corpus as read).
+2. ``OUT/layer``: the layer taught those links (``objective: links``); after ``predict`` it starts from that
+   layer's weights (guided self-training on its own links).
+3. With ``--src``/``--tgt``/``--gold`` (a held-out split and reference links, such as eflomal's):
+   ``OUT/summary.json``: precision, recall, F1 and AER of RUN's own reading, of ``predict`` and of
+   ``layer``, and the minutes each step took.
+
+Each layer trains ``--steps`` optimizer steps (default 1000) at the run's token budget, validated once at
+the end; ``--full-context`` gives the layer the queries of a decoder pass that sees the whole target;
+``--set KEY=VALUE`` goes to both trainings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+from scriptargs import InputFile, Number, OutputFolder, ScriptParser, guarded, require_module
+
+from attnmt.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+ATTNMT = [sys.executable, "-m", "attnmt"]
+MARKER = "align_layer.json"  # in --out: the folder is this script's own
+
+
+def run(command: list[str]) -> str:
+    """Run a command; its stdout, or exit with its own error line and code."""
+    result = subprocess.run([str(c) for c in command], cwd=REPO, capture_output=True, text=True)
+    if result.returncode != 0:
+        sys.stderr.write(result.stderr)
+        sys.exit(result.returncode)
+    return result.stdout
+
+
+def trained(run_dir: Path) -> bool:
+    return (run_dir / "checkpoints" / "latest.json").exists()
+
+
+def layer_config(base: dict, out: Path, init_from: Path, alignment: dict, steps: int) -> Path:
+    """RUN's resolved config with the translation frozen under an alignment layer, ``steps`` steps of it,
+    validated once (its BLEU cannot move), written to ``out``.yaml."""
+    cfg = json.loads(json.dumps(base))
+    train = cfg["train"]
+    train.pop("run_dir", None)
+    train.update(init_from=str(init_from), max_steps=steps, max_minutes=0, max_epochs=10_000,
+                 eval_every=steps, save_every=steps, keep_last=1, average_last=0,
+                 warmup_steps=min(100, max(steps // 10, 1)), patience=0,
+                 alignment={"module": "layer", "translation": "frozen", **alignment})
+    path = out.with_suffix(".yaml")
+    path.write_text(yaml.safe_dump(cfg, allow_unicode=True, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def train_layer(args: argparse.Namespace, base: dict, name: str, init_from: Path, alignment: dict) -> None:
+    """Train one frozen-translation layer into ``OUT/name``, on RUN's prepared data (copied in)."""
+    folder = args.out / name
+    if not (folder / "data").exists():
+        for part in ("data", "tokenizer"):
+            shutil.copytree(args.run / part, folder / part, dirs_exist_ok=True)
+        shutil.copy(args.run / "config.yaml", folder / "config.yaml")
+    config = layer_config(base, args.out / name, init_from, alignment, args.steps)
+    sets = [x for s in args.sets for x in ("--set", s)]
+    run([*ATTNMT, "train", config, "--run-dir", folder, *sets])
+
+
+def score(model: Path, args: argparse.Namespace, *reading: str) -> dict:
+    found = json.loads(run([*ATTNMT, "align", model, "--src", args.src, "--tgt", args.tgt, "--gold", args.gold,
+                            "--json", *reading]))
+    return {k: found[k] for k in ("precision", "recall", "f1", "aer", "layer") if k in found}
+
+
+def check_run(args: argparse.Namespace) -> None:
+    """RUN is a finished run folder with its prepared data; the test options come together; ``--out`` is
+    new, empty or this script's own."""
+    for part in ("config.yaml", "data", "tokenizer", "checkpoints/latest.json"):
+        if not (args.run / part).exists():
+            raise ConfigError(f"{args.run}: not a trained run folder ({part} is missing)")
+    given = [name for name in ("src", "tgt", "gold") if getattr(args, name) is not None]
+    if given and len(given) != 3:
+        raise ConfigError(f"--{given[0]} needs --src, --tgt and --gold together (a split and its links)")
+    if args.out.is_dir() and any(args.out.iterdir()) and not (args.out / MARKER).exists():
+        raise ConfigError(f"--out {args.out} holds files this script did not write; give a new or empty "
+                          "folder")
+
+
+def build_parser() -> ScriptParser:
+    ap = ScriptParser(description=__doc__)
+    ap.add_argument("run", type=Path, help="a trained run folder")
+    ap.add_argument("--out", type=OutputFolder(), required=True, help="folder for the layers and summary")
+    ap.add_argument("--teacher", default="self",
+                    help="self (no teacher: predict, then its own links), eflomal, or a Pharaoh file")
+    ap.add_argument("--steps", type=Number(int, low=1), default=1000, help="optimizer steps of each layer")
+    ap.add_argument("--full-context", action="store_true", help="queries from a pass that sees the whole "
+                    "target")
+    ap.add_argument("--src", type=InputFile(), help="held-out sources to score on")
+    ap.add_argument("--tgt", type=InputFile(), help="their targets")
+    ap.add_argument("--gold", type=InputFile(), help="their reference links (Pharaoh)")
+    ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                    help="a config override for every training (repeatable)")
+    ap.checks += [check_run]
+    return ap
+
+
+@guarded
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    if args.teacher == "eflomal":
+        require_module("eflomal", "--teacher eflomal needs eflomal: pip install -e '.[align]'")
+    elif args.teacher != "self" and not Path(args.teacher).is_file():
+        raise ConfigError(f"--teacher {args.teacher}: expected self, eflomal or a Pharaoh file")
+    args.out = args.out.resolve()
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / MARKER).write_text(json.dumps({"teacher": args.teacher}) + "\n", encoding="utf-8")
+    base = yaml.safe_load((args.run / "config.yaml").read_text(encoding="utf-8"))
+    corpus = base["data"]["train"]
+    context = {"full_context": True} if args.full_context else {}
+    minutes: dict[str, float] = {}
+
+    def step(name: str, done: bool, work, *how) -> None:
+        started = time.perf_counter()
+        if not done:
+            print(f"align_layer: {name}", flush=True)
+            work(*how)
+        minutes[name] = round((time.perf_counter() - started) / 60, 2)
+
+    links, start = args.out / "train.align", args.run.resolve()
+    if args.teacher == "self":
+        step("predict", trained(args.out / "predict"), train_layer, args, base, "predict", start,
+             {"objective": "predict", **context})
+        step("align", links.exists(), run, [*ATTNMT, "align", args.out / "predict", "--src", corpus["src"],
+                                            "--tgt", corpus["tgt"], "-o", links])
+        start = args.out / "predict"
+    elif args.teacher == "eflomal":
+        step("align", links.exists(), run, [sys.executable, REPO / "scripts" / "eflomal_align.py", "--src",
+                                            corpus["src"], "--tgt", corpus["tgt"], "-o", links])
+    else:
+        links = Path(args.teacher).resolve()
+    step("layer", trained(args.out / "layer"), train_layer, args, base, "layer", start,
+         {"objective": "links", "path": str(links), **context})
+    summary: dict = {"teacher": args.teacher, "links": str(links), "minutes": minutes}
+    if args.gold is not None:
+        summary["run"] = score(args.run, args)
+        for name in ("predict", "layer"):
+            if trained(args.out / name):
+                summary[name] = score(args.out / name, args)
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    print(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()
