@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections import deque
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Annotated
@@ -29,6 +30,12 @@ from .options import (
 )
 
 CHUNK_LINES = 1000
+MarkupOpt = Annotated[bool, typer.Option("--markup", help="Each input line is markup: its inline tags (<b>, "
+                                         "<a href=...>, <br/>, nested) and entities are taken out, the text "
+                                         "translated, and each tag put back around the words the model "
+                                         "aligns with the words it wrapped (as align reads it); the output "
+                                         "is escaped markup. A line that is not well-formed is an error "
+                                         "naming it, before it is translated.")]
 
 
 @command(inputs=("model", "input_", "ensemble", "prefix", "constraints"), outputs={"output": Output()})
@@ -72,6 +79,7 @@ def translate(
                                                      "empty line: none); beam search makes room for them.",
                                                      show_default=False)] = None,
     tgt_lang: TgtLangOpt = None,
+    markup: MarkupOpt = False,
     device: DeviceOpt = "auto",
 ) -> None:
     """Translate sentences, a file or stdin; one output line per input line, in input order.
@@ -87,10 +95,12 @@ def translate(
     count = len(sentences) if sentences else total if input_ else None
     lines, prefixes, phrases = _controls(lines, count, prefix, constraints, draw is not None,
                                          stdin_input=not sentences and (input_ is None or str(input_) == "-"))
+    lines, tags = _Tags.read(lines, model, sentences, input_) if markup else (lines, None)
     overrides = DecodeOverrides(beam_size, nbest, length_penalty, max_tokens, draw, tgt_lang=tgt_lang)
-    translator, _, _ = open_translator(model, device, overrides, ensemble=ensemble)
+    translator, cfg, checkpoint = open_translator(model, device, overrides, ensemble=ensemble)
     with FileProgress(total, "translating", show=input_ is not None and str(input_) != "-") as progress:
         chunks = translator.translate_stream(lines, CHUNK_LINES, prefixes, scores is not None, phrases)
+        chunks = tags.carried(chunks, translator, cfg, checkpoint) if tags else chunks
         try:
             truncated = _write_translations(chunks, nbest, output, progress)
         except ConstraintError as e:
@@ -98,6 +108,62 @@ def translate(
     if truncated:
         sys.stderr.write(f"warning: {truncated} line(s) "
                          "longer than decode.max_src_len pieces were truncated\n")
+
+
+class _Tags:
+    """``translate --markup``: each input line parsed (``data.markup.parse_markup``) as it is read, and its
+    text translated; each chunk's outputs (every one of the n-best) get their line's tags back
+    (``insight.markup.carry_markup``, links read as ``align`` reads the model by default). A line that is
+    not well-formed is a DataError naming the input and the line: the arguments' and a file's lines are all
+    checked before any work, a stream's as they arrive, before the chunk that holds them is translated."""
+
+    def __init__(self, model: Path, sentences: list[str] | None, input_: Path | None) -> None:
+        from ..data.readers import STDIN_NAME, is_regular_file, read_lines
+        from ..decoding.ctranslate import is_export
+
+        if is_export(model):
+            raise ConfigError(f"--markup puts tags back where the model's attention links the words, and "
+                              f"{model} is a CTranslate2 export, which has none: use its checkpoint")
+        name = STDIN_NAME if input_ is None or str(input_) == "-" else str(input_)
+        self.where = (lambda n: f"sentence {n}") if sentences else (lambda n: f"{name}:{n}")
+        self.waiting: deque = deque()  # the parsed lines whose outputs have not come back yet
+        if sentences or (input_ is not None and is_regular_file(input_)):  # lines that can be read twice
+            deque(self._parsed(sentences or read_lines(input_)), maxlen=0)
+
+    def _parsed(self, lines: Iterable[str]):
+        from ..data.markup import MarkupError, parse_markup
+
+        for n, line in enumerate(lines, 1):
+            try:
+                yield parse_markup(line)
+            except MarkupError as e:
+                raise DataError(f"{self.where(n)}: {e}") from None
+
+    @classmethod
+    def read(cls, lines: Iterable[str], model: Path, sentences: list[str] | None,
+             input_: Path | None) -> tuple[Iterator[str], _Tags]:
+        """(the texts of ``lines``, to translate; what puts their tags back)."""
+        tags = cls(model, sentences, input_)
+        return tags._texts(lines), tags
+
+    def _texts(self, lines: Iterable[str]) -> Iterator[str]:
+        for marked in self._parsed(lines):
+            self.waiting.append(marked)
+            yield marked.text
+
+    def carried(self, chunks, translator, cfg, checkpoint: Path):
+        from ..insight.markup import carry_markup
+        from ..insight.reading import default_align_options
+
+        options = default_align_options(cfg, checkpoint)
+        for results in chunks:
+            sources = [self.waiting.popleft() for _ in results]
+            marked = [source for source, result in zip(sources, results) for _ in result.outputs]
+            tagged = iter(carry_markup(translator, marked, [text for r in results for text, _ in r.outputs],
+                                       options))
+            for result in results:
+                result.outputs = [(next(tagged), score) for _, score in result.outputs]
+            yield results
 
 
 def _write_translations(chunks, nbest: int, output: Path | None, progress: FileProgress) -> int:
