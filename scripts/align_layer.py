@@ -5,9 +5,10 @@ taught by eflomal, by a Pharaoh file of yours, or by no teacher at all.
     python scripts/align_layer.py RUN --out DIR [--teacher self|eflomal|FILE] [--steps N]
         [--src TEST_SRC --tgt TEST_TGT --gold TEST_LINKS]
 
-RUN is a trained run folder (``attnmt train``): its resolved config, tokenizer and prepared data are reused,
-so nothing is prepared again. Steps, each skipped when its result is already in ``--out`` (run it again to
-go on after a stop):
+RUN is a trained run folder (``attnmt train``) whose ``data.train`` is one file pair (the teacher aligns
+those files, line for line): its resolved config, tokenizer and prepared data are reused, so nothing is
+prepared again. Steps, each skipped when its result is already in ``--out`` (run it again to go on after a
+stop; an ``--out`` made with another teacher is refused):
 
 1. ``--teacher self`` (the default; Zenkel et al. 2019, 2020): ``OUT/predict``, a layer that learns to
    predict each target piece from the source alone through its own attention (``objective: predict``), then
@@ -16,9 +17,10 @@ go on after a stop):
    Pharaoh file (one line per line of the training corpus as read).
 2. ``OUT/layer``: the layer taught those links (``objective: links``); after ``predict`` it starts from that
    layer's weights (guided self-training on its own links).
-3. With ``--src``/``--tgt``/``--gold`` (a held-out split and reference links, such as eflomal's):
-   ``OUT/summary.json``: precision, recall, F1 and AER of RUN's own reading, of ``predict`` and of
-   ``layer``, and the minutes each step took.
+3. ``OUT/summary.json``: the teacher, the links taught and the minutes each step took (when it was done);
+   with ``--src``/``--tgt``/``--gold`` (a held-out split and reference links, such as eflomal's) also
+   precision, recall, F1 and AER of RUN's own reading, of ``predict`` and of ``layer``, each as ``attnmt
+   align`` reads it by default (RUN: its cross-attention; the layers: the alignment layer).
 
 Each layer trains ``--steps`` optimizer steps (default 1000) at the run's token budget, validated once at
 the end; ``--full-context`` gives the layer the queries of a decoder pass that sees the whole target;
@@ -36,9 +38,10 @@ import time
 from pathlib import Path
 
 import yaml
-from scriptargs import InputFile, Number, OutputFolder, ScriptParser, guarded, require_module
+from scriptargs import InputFile, Model, Number, OutputFolder, ScriptParser, guarded, require_module
 
-from attnmt.errors import ConfigError
+from attnmt.config.jsonfile import read_json
+from attnmt.errors import CheckpointError, ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 ATTNMT = [sys.executable, "-m", "attnmt"]
@@ -65,7 +68,7 @@ def layer_config(base: dict, out: Path, init_from: Path, alignment: dict, steps:
     train = cfg["train"]
     train.pop("run_dir", None)
     train.update(init_from=str(init_from), max_steps=steps, max_minutes=0, max_epochs=10_000,
-                 eval_every=steps, save_every=steps, keep_last=1, average_last=0,
+                 eval_every=steps, save_every=steps, keep_last=2, average_last=0,
                  warmup_steps=min(100, max(steps // 10, 1)), patience=0,
                  alignment={"module": "layer", "translation": "frozen", **alignment})
     path = out.with_suffix(".yaml")
@@ -76,7 +79,7 @@ def layer_config(base: dict, out: Path, init_from: Path, alignment: dict, steps:
 def train_layer(args: argparse.Namespace, base: dict, name: str, init_from: Path, alignment: dict) -> None:
     """Train one frozen-translation layer into ``OUT/name``, on RUN's prepared data (copied in)."""
     folder = args.out / name
-    if not (folder / "data").exists():
+    if not (folder / "config.yaml").exists():  # copied last: without it, a copy stopped halfway
         for part in ("data", "tokenizer"):
             shutil.copytree(args.run / part, folder / part, dirs_exist_ok=True)
         shutil.copy(args.run / "config.yaml", folder / "config.yaml")
@@ -85,29 +88,66 @@ def train_layer(args: argparse.Namespace, base: dict, name: str, init_from: Path
     run([*ATTNMT, "train", config, "--run-dir", folder, *sets])
 
 
-def score(model: Path, args: argparse.Namespace, *reading: str) -> dict:
-    found = json.loads(run([*ATTNMT, "align", model, "--src", args.src, "--tgt", args.tgt, "--gold", args.gold,
-                            "--json", *reading]))
-    return {k: found[k] for k in ("precision", "recall", "f1", "aer", "layer") if k in found}
+def score(model: Path, args: argparse.Namespace) -> dict:
+    """``attnmt align MODEL`` on the held-out split against its reference links, as it reads by default."""
+    found = json.loads(run([*ATTNMT, "align", model, "--src", args.src, "--tgt", args.tgt, "--gold",
+                            args.gold, "--json"]))
+    precision, recall = found["precision"], found["recall"]
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    return {"precision": precision, "recall": recall, "f1": round(f1, 6), "aer": found["aer"],
+            "layer": found["layer"]}
 
 
-def check_run(args: argparse.Namespace) -> None:
-    """RUN is a finished run folder with its prepared data; the test options come together; ``--out`` is
-    new, empty or this script's own."""
-    for part in ("config.yaml", "data", "tokenizer", "checkpoints/latest.json"):
-        if not (args.run / part).exists():
-            raise ConfigError(f"{args.run}: not a trained run folder ({part} is missing)")
+def check_options(args: argparse.Namespace) -> None:
+    """The test options come together; ``--teacher`` is one this script knows; ``--out`` is new, empty or
+    this script's own for the same teacher (its steps' results would be taken as this call's)."""
     given = [name for name in ("src", "tgt", "gold") if getattr(args, name) is not None]
     if given and len(given) != 3:
         raise ConfigError(f"--{given[0]} needs --src, --tgt and --gold together (a split and its links)")
-    if args.out.is_dir() and any(args.out.iterdir()) and not (args.out / MARKER).exists():
+    if args.teacher == "eflomal":
+        require_module("eflomal", "--teacher eflomal needs eflomal: pip install -e '.[align]'")
+    elif args.teacher != "self" and not Path(args.teacher).is_file():
+        raise ConfigError(f"--teacher {args.teacher}: expected self, eflomal or a Pharaoh file")
+    marker = args.out / MARKER
+    if args.out.is_dir() and any(args.out.iterdir()) and not marker.is_file():
         raise ConfigError(f"--out {args.out} holds files this script did not write; give a new or empty "
                           "folder")
+    if marker.is_file():
+        made = read_json(marker, ConfigError).get("teacher")
+        if made != teacher_name(args.teacher):
+            raise ConfigError(f"--out {args.out} was made with --teacher {made}; give another folder for "
+                              f"--teacher {args.teacher}")
+
+
+def teacher_name(teacher: str) -> str:
+    """How the marker records a teacher: ``self``, ``eflomal`` or the file's absolute path."""
+    return teacher if teacher in ("self", "eflomal") else str(Path(teacher).resolve())
+
+
+def check_run(run: Path) -> dict:
+    """Before any work: RUN is a trained run folder with its prepared data, trained on one file pair (the
+    teacher aligns that corpus's files, line for line); its resolved config, as a dict."""
+    from attnmt.config.schema import load_config
+
+    for part in ("config.yaml", "data", "tokenizer"):
+        if not (run / part).exists():
+            raise ConfigError(f"RUN {run}: not a run folder this script can reuse ({part} is missing)")
+    if not trained(run):
+        raise CheckpointError(f"RUN {run}: no checkpoint yet (checkpoints/latest.json); train it first")
+    corpora = load_config(run / "config.yaml").data.corpora()
+    where = f"RUN {run}: data.train"
+    if len(corpora) != 1:
+        raise ConfigError(f"{where}: {len(corpora)} corpora; the teacher aligns one, given as data.train.src "
+                          "and .tgt files")
+    if corpora[0].format != "text":
+        raise ConfigError(f"{where}: format {corpora[0].format} is not a file pair; the teacher aligns the "
+                          "training corpus given as data.train.src and .tgt files")
+    return yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))
 
 
 def build_parser() -> ScriptParser:
     ap = ScriptParser(description=__doc__)
-    ap.add_argument("run", type=Path, help="a trained run folder")
+    ap.add_argument("run", type=Model(checkpoints=False), help="a trained run folder")
     ap.add_argument("--out", type=OutputFolder(), required=True, help="folder for the layers and summary")
     ap.add_argument("--teacher", default="self",
                     help="self (no teacher: predict, then its own links), eflomal, or a Pharaoh file")
@@ -119,33 +159,16 @@ def build_parser() -> ScriptParser:
     ap.add_argument("--gold", type=InputFile(), help="their reference links (Pharaoh)")
     ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                     help="a config override for every training (repeatable)")
-    ap.checks += [check_run]
+    ap.checks += [check_options]
     return ap
 
 
-@guarded
-def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
-    if args.teacher == "eflomal":
-        require_module("eflomal", "--teacher eflomal needs eflomal: pip install -e '.[align]'")
-    elif args.teacher != "self" and not Path(args.teacher).is_file():
-        raise ConfigError(f"--teacher {args.teacher}: expected self, eflomal or a Pharaoh file")
-    args.out = args.out.resolve()
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / MARKER).write_text(json.dumps({"teacher": args.teacher}) + "\n", encoding="utf-8")
-    base = yaml.safe_load((args.run / "config.yaml").read_text(encoding="utf-8"))
+def teach(args: argparse.Namespace, base: dict, step) -> Path:
+    """Steps 1 and 2: the teacher's links of the training corpus, then the layer taught them; the links'
+    file."""
     corpus = base["data"]["train"]
     context = {"full_context": True} if args.full_context else {}
-    minutes: dict[str, float] = {}
-
-    def step(name: str, done: bool, work, *how) -> None:
-        started = time.perf_counter()
-        if not done:
-            print(f"align_layer: {name}", flush=True)
-            work(*how)
-        minutes[name] = round((time.perf_counter() - started) / 60, 2)
-
-    links, start = args.out / "train.align", args.run.resolve()
+    links, start = args.out / "train.align", args.run
     if args.teacher == "self":
         step("predict", trained(args.out / "predict"), train_layer, args, base, "predict", start,
              {"objective": "predict", **context})
@@ -156,9 +179,37 @@ def main(argv: list[str] | None = None) -> None:
         step("align", links.exists(), run, [sys.executable, REPO / "scripts" / "eflomal_align.py", "--src",
                                             corpus["src"], "--tgt", corpus["tgt"], "-o", links])
     else:
-        links = Path(args.teacher).resolve()
+        links = Path(args.teacher)
     step("layer", trained(args.out / "layer"), train_layer, args, base, "layer", start,
          {"objective": "links", "path": str(links), **context})
+    return links
+
+
+@guarded
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    # Absolute paths: the attnmt commands run in the repository, not in the caller's folder.
+    for name in ("run", "out", "src", "tgt", "gold"):
+        if getattr(args, name) is not None:
+            setattr(args, name, getattr(args, name).resolve())
+    args.teacher = teacher_name(args.teacher)
+    base = check_run(args.run)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / MARKER).write_text(json.dumps({"teacher": args.teacher}) + "\n", encoding="utf-8")
+    done_before = args.out / "summary.json"
+    minutes: dict[str, float] = {}
+    if done_before.is_file():  # the minutes of steps an earlier call did
+        minutes = read_json(done_before, ConfigError).get("minutes", {})
+
+    def step(name: str, done: bool, work, *how) -> None:
+        if done:
+            return
+        print(f"align_layer: {name}", flush=True)
+        started = time.perf_counter()
+        work(*how)
+        minutes[name] = round((time.perf_counter() - started) / 60, 2)
+
+    links = teach(args, base, step)
     summary: dict = {"teacher": args.teacher, "links": str(links), "minutes": minutes}
     if args.gold is not None:
         summary["run"] = score(args.run, args)

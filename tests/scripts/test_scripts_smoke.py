@@ -18,7 +18,8 @@ trains runs attnmt's commands in its own process instead of a child each (``benc
 child's start-up, torch's and its compiler's imports, took seconds, most of such a run's time).
 
 ``bootstrap_guided.py`` is not run again here: ``tests/scripts/test_bootstrap.py`` runs it end to end, both
-teachers, on the toy task (``COVERED``, checked to still do so). ``gpu_check.sh`` needs a GPU: here it is
+teachers, on the toy task (``COVERED``, checked to still do so); nor is ``align_layer.py``, which
+``tests/scripts/test_align_layer.py`` runs end to end. ``gpu_check.sh`` needs a GPU: here it is
 checked with ``bash -n``, its Python parts compiled, and its ``bench_train.py`` invocation parsed by
 bench_train's own parser.
 """
@@ -210,6 +211,10 @@ SMOKE = set(smoke_runs(World(Path()), Path()))
 COVERED = {"bootstrap_guided.py": ("tests/scripts/test_bootstrap.py",
                                    "test_bootstrap_trains_aligns_both_ways_and_trains_guided",
                                    "test_bootstrap_with_eflomal_as_the_teacher"),
+           # a file teacher and no teacher, each called twice, on the toy task as files
+           "align_layer.py": ("tests/scripts/test_align_layer.py",
+                              "test_a_layer_taught_the_gold_aligns_better_than_the_run_and_translates_as_it",
+                              "test_a_layer_with_no_teacher_predicts_then_learns_its_own_links"),
            # --smoke end to end, each picture opened and measured, the matplotlib ones made twice
            "docs_figures.py": ("tests/docs/test_figures.py", "test_docs_figures_smoke")}
 WITHOUT_A_GPU = {"gpu_check.sh"}  # test_gpu_check_without_a_gpu
