@@ -116,7 +116,26 @@ def after(groups: Pieces, n: int) -> Pieces:
 
 
 def read_links(cross: list[np.ndarray], src_groups, tgt_groups, options: AlignOptions) -> list[Link]:
-    matrix = attention_rows(cross, options.layer, options.heads, options.shift)  # (T, S)
+    """Word links of one pair from its attention (one (H, T + 1, S + 1) array per layer) as ``options`` read
+    it. The alignment layer (kind ``align``) keeps the source's EOS as its null word (it is taught to look
+    there for a target word its links leave unlinked): a target word it links to EOS is linked to nothing,
+    instead of its row being renormalised over the words onto one of them."""
+    if options.kind != "align":
+        matrix = attention_rows(cross, options.layer, options.heads, options.shift)  # (T, S)
+        return _links_of(matrix, src_groups, tgt_groups, options)
+    matrix = cross[0][0][:-1]  # (T, S + 1): the EOS prediction is no row
+    n_src = matrix.shape[1] - 1
+    if isinstance(src_groups, np.ndarray):
+        null = np.zeros((n_src + 1, src_groups.shape[1] + 1))
+        null[: src_groups.shape[0], : src_groups.shape[1]] = src_groups
+        null[n_src, -1] = 1.0
+        n_words = src_groups.shape[1]
+    else:
+        null, n_words = [*src_groups, [n_src]], len(src_groups)
+    return [(i, j) for i, j in _links_of(matrix, null, tgt_groups, options) if i < n_words]
+
+
+def _links_of(matrix: np.ndarray, src_groups, tgt_groups, options: AlignOptions) -> list[Link]:
     if options.words == "any":  # links between pieces; words linked if any of their pieces are
         pieces = extract_alignment(matrix, options.method, options.threshold)
         return words_from_piece_links(pieces, membership_of(src_groups, matrix.shape[1]),

@@ -72,7 +72,9 @@ def piece_alignments(guided: GuidedAlignmentConfig, split: EncodedSplit, tokeniz
                      corpus_lines: int, corpus: str) -> PieceAlignments:
     """Per pair of ``split``: an (n, 2) array of (target piece, source piece) links. A malformed link or
     one outside its pair is a DataError naming the file and line; a pair whose pieces make other words
-    than its spaces (with ``split.src_text`` known) gets no links and is counted."""
+    than its spaces (with ``split.src_text`` known) gets no links and is counted. For an alignment layer
+    (``module: layer``), each piece of a target word with neither a sure nor a possible link in a pair that
+    has links is linked to the source's EOS: the layer's null word, which ``align`` reads as no link."""
     where, texts = read_alignment_lines(guided, split, corpus_lines, corpus)
     numbers = split.lines.tolist() if split.lines is not None else list(range(1, len(texts) + 1))
     out = PieceAlignments([])
@@ -100,5 +102,9 @@ def piece_alignments(guided: GuidedAlignmentConfig, split: EncodedSplit, tokeniz
             continue
         pairs = {(int(q), int(p)) for i, j in links
                  for q in np.flatnonzero(tgt[:, j]) for p in np.flatnonzero(src[:, i])}
+        if guided.module == "layer" and links:
+            covered = {j for _, j in possible}
+            pairs |= {(int(q), src.shape[0]) for j in range(tgt.shape[1]) if j not in covered
+                      for q in np.flatnonzero(tgt[:, j])}
         out.links.append(np.array(sorted(pairs), dtype=np.int64).reshape(-1, 2))
     return out
