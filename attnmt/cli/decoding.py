@@ -113,7 +113,7 @@ def translate(
 class _Tags:
     """``translate --markup``: each input line parsed (``data.markup.parse_markup``) as it is read, and its
     text translated; each chunk's outputs (every one of the n-best) get their line's tags back
-    (``insight.markup.carry_markup``, links read as ``align`` reads the model by default). A line that is
+    (``insight.reading.carry_markup``, links read as ``align`` reads the model by default). A line that is
     not well-formed is a DataError naming the input and the line: the arguments' and a file's lines are all
     checked before any work, a stream's as they arrive, before the chunk that holds them is translated."""
 
@@ -152,8 +152,7 @@ class _Tags:
             yield marked.text
 
     def carried(self, chunks, translator, cfg, checkpoint: Path):
-        from ..insight.markup import carry_markup
-        from ..insight.reading import default_align_options
+        from ..insight.reading import carry_markup, default_align_options
 
         options = default_align_options(cfg, checkpoint)
         for results in chunks:

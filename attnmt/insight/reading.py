@@ -1,6 +1,7 @@
-"""Word alignments of sentence pairs from a model's cross-attention (``attnmt align``): the words of each
-line and their pieces, the links read off the attention (``links.py``'s extraction), both directions
-symmetrized, and ``align --calibrate``'s search for the layer and heads that align best.
+"""Word alignments of sentence pairs from a model's attention (``attnmt align``): the words of each line
+and their pieces, the links read off the cross-attention or the alignment layer (``links.py``'s
+extraction), both directions symmetrized, ``align --calibrate``'s search for the layer and heads that align
+best, and markup carried through translation on those links (``carry_markup``: ``translate --markup``).
 
 Letters: T target positions, S source positions.
 """
@@ -14,7 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..data.words import Pieces, membership_of, merge, word_count, words_to_pieces
+from ..data.markup import MarkedText, place_tags
+from ..data.words import Pieces, membership_of, merge, segment, word_count, words_to_pieces
 from ..decoding.translator import Translator
 from ..errors import DataError
 from .alti import alti_pairs
@@ -227,3 +229,55 @@ def calibrate(translator: Translator, sources: Sequence[str], targets: Sequence[
     ranked = sorted(enumerate(tried), key=lambda item: (item[1][2], item[0]))
     best = ranked[0][1]
     return Calibration(best[0], best[1], best[2], [entry for _, entry in ranked])
+
+# ------------------------------------------------------------------------------- markup carried over
+#
+# Tags carried through a translation on a model's own word links (``translate --markup``, the server's
+# ``"markup": true``): each translation is aligned with its source text as ``attnmt align`` aligns a pair
+# (``align_corpus``), the links grown into words both sides left unlinked (``grow_unlinked``), and
+# ``data.markup.place_tags`` puts the source's tags back around the linked target words. LSTM or
+# Transformer alike: the links come from whatever attention the model has.
+
+# Moses's corners of a link (the last four of ``links._NEIGHBOURS``): a side shares one of its words.
+_CORNERS = ((-1, -1), (-1, 1), (1, -1), (1, 1))
+
+
+def carry_markup(translator: Translator, marked: Sequence[MarkedText], translations: Sequence[str],
+                 options: AlignOptions | None = None) -> list[str]:
+    """Each translation (of ``marked[k].text``) as markup, with ``marked[k]``'s tags put back. ``options``:
+    how links are read off the model; the commands pass its default reading
+    (``reading.default_align_options(cfg, checkpoint)``, as ``align`` reads it); None: every layer and head
+    averaged, the mutual argmax. Sources without tags are only escaped: they cost no alignment pass."""
+    if len(marked) != len(translations):
+        raise ValueError(f"{len(marked)} marked sources but {len(translations)} translations")
+    tagged = [k for k, source in enumerate(marked) if source.tags]
+    links: list[list[Link]] = [[] for _ in marked]
+    if tagged:
+        sources, targets = [marked[k].text for k in tagged], [translations[k] for k in tagged]
+        aligned = align_corpus(translator, sources, targets, options or AlignOptions())
+        for k, source, target, pair_links in zip(tagged, sources, targets, aligned.links):
+            links[k] = grow_unlinked(pair_links, len(segment(source)), len(segment(target)))
+    return [place_tags(source, text, pair_links)
+            for source, text, pair_links in zip(marked, translations, links)]
+
+
+def grow_unlinked(links: Sequence[Link], n_src: int, n_tgt: int) -> list[Link]:
+    """``links`` (between ``n_src`` source and ``n_tgt`` target words) and, until nothing changes, each
+    pair of a source and a target word, both unlinked, at a corner of a link (the word before or after it
+    on both sides): ``grow-diag``'s step (``links.symmetrize``, Koehn et al. 2005) into unlinked words
+    only. The mutual argmax leaves unlinked on both sides what two words say together ("7:05 pm" ->
+    "19:05 uhr": pm and uhr); grown, a tag around "7:05 pm" goes around "19:05 uhr". Sorted."""
+    found = set(links)
+    src_linked, tgt_linked = {i for i, _ in found}, {j for _, j in found}
+    grew = True
+    while grew:
+        grew = False
+        for i, j in sorted(found):
+            for di, dj in _CORNERS:
+                s, t = i + di, j + dj
+                if 0 <= s < n_src and 0 <= t < n_tgt and s not in src_linked and t not in tgt_linked:
+                    found.add((s, t))
+                    src_linked.add(s)
+                    tgt_linked.add(t)
+                    grew = True
+    return sorted(found)

@@ -11,7 +11,7 @@ Endpoints (every error is JSON ``{"error": "one line"}``, never a traceback):
   to give: a CTranslate2 export's single output). ``"markup": true``: each text's inline tags are taken
   out (``data.markup.parse_markup``; a text that is not well-formed is a 422 naming it, ``text[2]: column
   5: ...``, before anything is decoded), the rest is translated, and every output gets the tags back
-  around the words aligned to those they wrapped (``insight.markup.carry_markup``, in the decoder).
+  around the words aligned to those they wrapped (``insight.reading.carry_markup``, in the decoder).
 - ``POST /attention`` ``{"text": "...", "beam_size", "length_penalty", "prefix", "constraints",
   "tgt_lang"}``: the best translation, its
   score, the word alignment ``attnmt align`` would read (``[source word, target word]`` pairs) and every

@@ -313,13 +313,13 @@ def _answerer(translator, cfg=None, checkpoint=None) -> Callable[[str, tuple], o
 def translate_marked(translator, lines, prefixes, words: bool, constraints, options) -> list:
     """``Translator.translate`` of lines that hold inline tags (checked well-formed by the server): each
     line's text without its tags is translated, and every output gets the tags back
-    (``insight.markup.carry_markup`` with the word links read as ``options`` say: one teacher-forced
+    (``insight.reading.carry_markup`` with the word links read as ``options`` say: one teacher-forced
     reading of all the outputs together, inside the batch's budget). Scores, word scores and
     ``truncated`` are those of the outputs' words."""
     import dataclasses
 
     from ..data.markup import parse_markup
-    from ..insight.markup import carry_markup
+    from ..insight.reading import carry_markup
 
     marked = [parse_markup(line) for line in lines]
     found = translator.translate([m.text for m in marked], prefixes, words, constraints)

@@ -291,8 +291,7 @@ def check_corpus(args) -> None:
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     from attnmt.cli.common import open_translator
-    from attnmt.insight.markup import carry_markup
-    from attnmt.insight.reading import default_align_options
+    from attnmt.insight.reading import carry_markup, default_align_options
 
     limit = min(args.lines or SMOKE_LINES, SMOKE_LINES) if args.smoke else args.lines
     if args.src is not None:

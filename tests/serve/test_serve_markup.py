@@ -1,6 +1,6 @@
 """``POST /translate`` with ``"markup": true`` through a real server process (one for the file): every
 output, of every n-best list, with a prefix, constraints, word scores or sampling, is the plain request's
-output with the source's tags put back, exactly where ``insight.markup.carry_markup`` puts them in this
+output with the source's tags put back, exactly where ``insight.reading.carry_markup`` puts them in this
 process (the oracle: the same library call on the same outputs); a text that is not well-formed is a 422
 naming it, answered before anything is decoded (the batchers' counts do not move); the alignment pass is
 counted in the request's cost (it moves a request to the bulk lane); a CTranslate2 export refuses markup
@@ -58,8 +58,7 @@ def translate(server, **body) -> list[list[dict]]:
 def carried(opened, sources: list[str], outputs: list[list[dict]]) -> list[list[str]]:
     """The oracle: ``carry_markup`` in this process on the plain request's outputs, all in one call (the
     server reads them in one batch too), read as ``attnmt align`` reads the model."""
-    from attnmt.insight.markup import carry_markup
-    from attnmt.insight.reading import default_align_options
+    from attnmt.insight.reading import carry_markup, default_align_options
 
     translator, cfg, path = opened
     marked = [parse_markup(source) for source in sources]

@@ -5,7 +5,7 @@ against pairs written out by hand, and the issue's example placed with the mutua
 from __future__ import annotations
 
 from attnmt.data.markup import parse_markup, place_tags
-from attnmt.insight.markup import grow_unlinked
+from attnmt.insight.reading import grow_unlinked
 
 SOURCE = "<b>tuesday</b> , march 14th , 2019 at <i>7:05 pm</i>"
 TARGET = "dienstag , 14. märz 2019 um 19:05 uhr"
