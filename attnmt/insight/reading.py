@@ -254,9 +254,12 @@ def carry_markup(translator: Translator, marked: Sequence[MarkedText], translati
     links: list[list[Link]] = [[] for _ in marked]
     if tagged:
         sources, targets = [marked[k].text for k in tagged], [translations[k] for k in tagged]
-        aligned = align_corpus(translator, sources, targets, options or AlignOptions())
+        reading = options or AlignOptions()
+        aligned = align_corpus(translator, sources, targets, reading)
         for k, source, target, pair_links in zip(tagged, sources, targets, aligned.links):
-            links[k] = grow_unlinked(pair_links, len(segment(source)), len(segment(target)))
+            if reading.kind != "align":  # an alignment layer leaves words unlinked on purpose
+                pair_links = grow_unlinked(pair_links, len(segment(source)), len(segment(target)))
+            links[k] = pair_links
     return [place_tags(source, text, pair_links)
             for source, text, pair_links in zip(marked, translations, links)]
 

@@ -73,8 +73,9 @@ def piece_alignments(guided: GuidedAlignmentConfig, split: EncodedSplit, tokeniz
     """Per pair of ``split``: an (n, 2) array of (target piece, source piece) links. A malformed link or
     one outside its pair is a DataError naming the file and line; a pair whose pieces make other words
     than its spaces (with ``split.src_text`` known) gets no links and is counted. For an alignment layer
-    (``module: layer``), each piece of a target word with neither a sure nor a possible link in a pair that
-    has links is linked to the source's EOS: the layer's null word, which ``align`` reads as no link."""
+    (``module: layer``), a target word with possible links and no sure one is taught its possible links
+    (the toy's "uhr", possibly "pm"), and each piece of a target word with neither, in a pair that has
+    links, is linked to the source's EOS: the layer's null word, which ``align`` reads as no link."""
     where, texts = read_alignment_lines(guided, split, corpus_lines, corpus)
     numbers = split.lines.tolist() if split.lines is not None else list(range(1, len(texts) + 1))
     out = PieceAlignments([])
@@ -100,6 +101,9 @@ def piece_alignments(guided: GuidedAlignmentConfig, split: EncodedSplit, tokeniz
             out.skipped += 1
             out.first_skipped = out.first_skipped or numbers[k]
             continue
+        if guided.module == "layer":  # a target word linked only possibly is taught its possible links
+            sure_targets = {j for _, j in links}
+            links = links | {(i, j) for i, j in possible if j not in sure_targets}
         pairs = {(int(q), int(p)) for i, j in links
                  for q in np.flatnonzero(tgt[:, j]) for p in np.flatnonzero(src[:, i])}
         if guided.module == "layer" and links:
