@@ -70,6 +70,44 @@ def load_script(name: str):
     return sys.modules[name]
 
 
+def script_in_process(name: str, monkeypatch, capsys):
+    """``call(*args)``: script ``name``'s ``main(args)`` in this process, from the repository as its
+    children run, its ``python -m attnmt`` commands (``script.ATTNMT`` through ``script.run``) through the
+    Typer app here, other commands as children: (exit code, stdout, stderr). End-to-end tests of a script
+    check what it makes, not how a child process starts (each would cost seconds of start-up)."""
+    from typer.testing import CliRunner
+
+    from attnmt.cli import app
+
+    script = load_script(name)
+    spawn = script.run
+
+    def run(command: list) -> str:
+        command = [str(c) for c in command]
+        if command[:len(script.ATTNMT)] != script.ATTNMT:
+            return spawn(command)
+        result = CliRunner().invoke(app, command[len(script.ATTNMT):])
+        if result.exit_code != 0:  # as ``run`` does with a child's failure
+            sys.stderr.write(result.stderr)
+            sys.exit(result.exit_code)
+        return result.stdout
+
+    monkeypatch.setattr(script, "run", run)
+    monkeypatch.chdir(REPO)
+
+    def call(*args) -> tuple[int, str, str]:
+        capsys.readouterr()
+        try:
+            script.main([str(a) for a in args])
+            code = 0
+        except SystemExit as stop:
+            code = stop.code or 0
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return call
+
+
 def hostile_place(folder: Path, kind: str, number: int) -> Path:
     """A new path in ``folder`` (made if need be) of a kind an option should refuse or survive:
     ``missing``, an empty ``folder``, a ``fifo`` with no writer, an ``unreadable`` file, a ``pickle``

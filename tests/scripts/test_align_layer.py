@@ -19,7 +19,15 @@ import sys
 import pytest
 import torch
 import yaml
-from helpers import OFFLINE_ENV, REPO, TINY_MODELS, TINY_TRAIN, assert_one_error_line, hash_tree, load_script
+from helpers import (
+    OFFLINE_ENV,
+    REPO,
+    TINY_MODELS,
+    TINY_TRAIN,
+    assert_one_error_line,
+    hash_tree,
+    script_in_process,
+)
 from typer.testing import CliRunner
 
 from attnmt.cli import app
@@ -64,35 +72,8 @@ def toy(tmp_path_factory):
 
 @pytest.fixture
 def align_layer(monkeypatch, capsys):
-    """``align_layer(*args)``: the script's ``main(args)`` in this process, from the repository as its
-    children run, its ``python -m attnmt`` commands through the app here: (exit code, stdout, stderr)."""
-    script = load_script("align_layer")
-    spawn = script.run
-
-    def run(command: list) -> str:
-        command = [str(c) for c in command]
-        if command[:len(script.ATTNMT)] != script.ATTNMT:
-            return spawn(command)
-        result = CliRunner().invoke(app, command[len(script.ATTNMT):])
-        if result.exit_code != 0:  # as ``run`` does with a child's failure
-            sys.stderr.write(result.stderr)
-            sys.exit(result.exit_code)
-        return result.stdout
-
-    monkeypatch.setattr(script, "run", run)
-    monkeypatch.chdir(REPO)
-
-    def call(*args) -> tuple[int, str, str]:
-        capsys.readouterr()
-        try:
-            script.main([str(a) for a in args])
-            code = 0
-        except SystemExit as stop:
-            code = stop.code or 0
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return call
+    """``align_layer(*args)``: the script's ``main(args)`` in this process (``helpers.script_in_process``)."""
+    return script_in_process("align_layer", monkeypatch, capsys)
 
 
 def translation(model) -> dict[str, torch.Tensor]:

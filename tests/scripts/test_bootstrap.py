@@ -15,7 +15,7 @@ import sys
 
 import pytest
 import yaml
-from helpers import OFFLINE_ENV, REPO, TINY_MODELS, TINY_TRAIN, load_script
+from helpers import OFFLINE_ENV, REPO, TINY_MODELS, TINY_TRAIN, script_in_process
 from typer.testing import CliRunner
 
 from attnmt.cli import app
@@ -26,34 +26,8 @@ pytestmark = pytest.mark.usefixtures("restore_torch_state")
 
 @pytest.fixture
 def bootstrap(monkeypatch, capsys):
-    """``bootstrap(*args)``: the script's ``main(args)`` in this process, from the repository as its
-    children run, its ``python -m attnmt`` commands through the app here: (exit code, stdout, stderr)."""
-    script = load_script("bootstrap_guided")
-    spawn = script.run
-
-    def run(command: list[str]) -> str:
-        if command[:len(script.ATTNMT)] != script.ATTNMT:
-            return spawn(command)
-        result = CliRunner().invoke(app, command[len(script.ATTNMT):])
-        if result.exit_code != 0:  # as ``run`` does with a child's failure
-            sys.stderr.write(result.stderr)
-            sys.exit(result.exit_code)
-        return result.stdout
-
-    monkeypatch.setattr(script, "run", run)
-    monkeypatch.chdir(REPO)
-
-    def call(*args) -> tuple[int, str, str]:
-        capsys.readouterr()
-        try:
-            script.main([str(a) for a in args])
-            code = 0
-        except SystemExit as stop:
-            code = stop.code or 0
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return call
+    """``bootstrap(*args)``: the script's ``main(args)`` in this process (``helpers.script_in_process``)."""
+    return script_in_process("bootstrap_guided", monkeypatch, capsys)
 
 
 def toy_recipes(tmp_path):
