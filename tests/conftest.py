@@ -18,6 +18,7 @@ LONGEST_FIRST = (  # seconds of a full run on 2026-12-05, 2-core AMD EPYC, in br
     "cli/test_cli_fuzz.py",  # (145)
     "scripts/test_scripts_smoke.py",  # (110)
     "docs/test_getting_started.py",  # (105)
+    "training/test_alignment_layer.py",  # (about 100, 2026-12-06, Intel Xeon)
     "training/test_torchrun.py",  # (75)
     "serve/test_serve.py",  # (64)
     "training/test_train.py",  # (51)
