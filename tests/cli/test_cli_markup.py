@@ -133,12 +133,12 @@ def test_prefixes_and_constraints_are_kept_and_tagged(runs, tmp_path):
 
 
 def test_a_line_without_tags_is_escaped_and_not_aligned(runs, monkeypatch):
-    from attnmt.insight import markup
+    from attnmt.insight import reading
 
     def refuse(*args, **kwargs):
         raise AssertionError("a line without tags was aligned")
 
-    monkeypatch.setattr(markup, "align_corpus", refuse)
+    monkeypatch.setattr(reading, "align_corpus", refuse)
     sources = ["tuesday , march 14th , 2019", "AT&amp;T", ""]
     assert translate(runs["lstm"], "--markup", "-i", "-", input="\n".join(sources) + "\n")[2] == ""
     (out,) = translate(runs["lstm"], "--markup", "AT&amp;T &lt;3")
