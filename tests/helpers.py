@@ -50,6 +50,18 @@ os.environ.update(OFFLINE_ENV)
 SCRIPT_FOLDERS = (REPO / "scripts", REPO / "scripts" / "bench")
 
 
+# The toy task, a 100-piece tokenizer, 200 steps at a constant rate: the settings the tests that align a small
+# model (tests/cli/test_cli_looking.py, test_cli_markup.py) train with; each adds its "model".
+TOY_ALIGN_BASE = {
+    "data": {"src_lang": "en", "tgt_lang": "de", "train": {"format": "toy", "split": "train", "size": 2000},
+             "dev": {"format": "toy", "split": "dev", "size": 20}},
+    "tokenizer": {"vocab_size": 100},
+    "train": {"device": "cpu", "lr": 1.0e-2, "schedule": "constant", "warmup_steps": 0, "max_tokens": 1024,
+              "max_steps": 200, "eval_every": 200, "save_every": 200, "log_every": 100, "precision": "fp32"},
+    "decode": {"beam_size": 1},
+}  # fmt: skip
+
+
 def script_path(name: str) -> Path:
     """The file of script (or script library) ``name``: ``scripts/NAME.py`` or ``scripts/bench/NAME.py``."""
     found = [folder / f"{name}.py" for folder in SCRIPT_FOLDERS if (folder / f"{name}.py").is_file()]

@@ -15,7 +15,7 @@ import sys
 
 import numpy as np
 import pytest
-from helpers import assert_one_error_line
+from helpers import TOY_ALIGN_BASE, assert_one_error_line
 from PIL import Image
 from typer.testing import CliRunner
 
@@ -25,14 +25,7 @@ from attnmt.insight.links import alignment_scores, parse_pharaoh
 TOY_TEST = 100
 # The toy task, a 100-piece joint tokenizer; small models, dropout off so that 200 steps do (the LSTM's
 # AER beats the diagonal's by 0.23 there as at 300 steps; by 0.12 at 125 and not at all at 100).
-BASE = {
-    "data": {"src_lang": "en", "tgt_lang": "de", "train": {"format": "toy", "split": "train", "size": 2000},
-             "dev": {"format": "toy", "split": "dev", "size": 20}},
-    "tokenizer": {"vocab_size": 100},
-    "train": {"device": "cpu", "lr": 1.0e-2, "schedule": "constant", "warmup_steps": 0, "max_tokens": 1024,
-              "max_steps": 200, "eval_every": 200, "save_every": 200, "log_every": 100, "precision": "fp32"},
-    "decode": {"beam_size": 1},
-}  # fmt: skip
+BASE = TOY_ALIGN_BASE
 MODELS = {
     "lstm": {"arch": "lstm", "emb_dim": 32, "hidden_size": 32, "attn_dim": 32, "enc_layers": 1,
              "dec_layers": 1, "dropout": 0.0},

@@ -11,22 +11,15 @@ import shutil
 import xml.etree.ElementTree as ET
 
 import pytest
-from helpers import expect_error
+from helpers import TOY_ALIGN_BASE, expect_error
 from typer.testing import CliRunner
 
 from attnmt.cli import app
 from attnmt.data.markup import parse_markup
 from attnmt.data.words import segment
 
-# The toy task, a 100-piece tokenizer, dropout off: the settings tests/cli/test_cli_looking.py aligns with.
-BASE = {
-    "data": {"src_lang": "en", "tgt_lang": "de", "train": {"format": "toy", "split": "train", "size": 2000},
-             "dev": {"format": "toy", "split": "dev", "size": 20}},
-    "tokenizer": {"vocab_size": 100},
-    "train": {"device": "cpu", "lr": 1.0e-2, "schedule": "constant", "warmup_steps": 0, "max_tokens": 1024,
-              "max_steps": 200, "eval_every": 200, "save_every": 200, "log_every": 100, "precision": "fp32"},
-    "decode": {"beam_size": 1},
-}  # fmt: skip
+
+BASE = TOY_ALIGN_BASE
 MODELS = {
     "lstm": ({"arch": "lstm", "emb_dim": 32, "hidden_size": 32, "attn_dim": 32, "enc_layers": 1,
               "dec_layers": 1, "dropout": 0.0}, {}),
