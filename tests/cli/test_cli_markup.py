@@ -18,7 +18,6 @@ from attnmt.cli import app
 from attnmt.data.markup import parse_markup
 from attnmt.data.words import segment
 
-
 BASE = TOY_ALIGN_BASE
 MODELS = {
     "lstm": ({"arch": "lstm", "emb_dim": 32, "hidden_size": 32, "attn_dim": 32, "enc_layers": 1,
