@@ -76,7 +76,8 @@ class TrainReporter:
         if isinstance(event, Started):
             self._start(event)
         elif isinstance(event, TrainRecord):
-            status = (f"epoch {event.epoch:.2f}  loss {event.loss:.3f}  lr {event.lr:.2e}  "
+            loss = f"  loss {event.loss:.3f}" if event.loss is not None else ""
+            status = (f"epoch {event.epoch:.2f}{loss}  lr {event.lr:.2e}  "
                       f"{event.tokens_per_s:,.0f} tok/s"
                       + (f"  align {event.align_loss:.3f}" if event.align_loss is not None else ""))
             if self.progress is not None:

@@ -275,17 +275,18 @@ class TransformerModel(nn.Module):
             return torch.utils.checkpoint.checkpoint(layer, *args, use_reentrant=False)
         return layer(*args)
 
-    def _cross_kv(self, memory: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        return [layer.cross_attn.project_kv(memory) for layer in self.decoder]  # each (B, H, S, dh)
+    def _cross_kv(self, memory: torch.Tensor, layers: int | None = None) -> list[tuple[torch.Tensor, ...]]:
+        return [layer.cross_attn.project_kv(memory) for layer in self.decoder[:layers]]  # each (B, H, S, dh)
 
     def forward(self, batch, need_attention: bool = False, align_layer: int | None = None,
-                full_context: bool = False) -> ModelOutput:
+                full_context: bool = False, align_only: bool = False) -> ModelOutput:
         """Teacher forcing (``models/protocol.py``). With ``full_context``, the attention asked for
         (``need_attention``, the cross-attention of ``align_layer``) comes from a second pass of the decoder
         in which every position sees the whole target (no causal mask: Garg et al. 2019's alignment pass),
-        up to the last layer needed; the logits still come from the causal pass."""
+        up to the last layer needed; the logits still come from the causal pass. ``align_only`` (an alignment
+        layer over a frozen translation): only the layers its queries need run, and there are no logits."""
         memory, enc_weights = self._encode(batch.src, batch.src_mask, need_attention)  # (B, S, D)
-        cross_kvs = self._cross_kv(memory)
+        cross_kvs = self._cross_kv(memory, self.aligner.layer + 1 if align_only else None)
         x = self._embed(self.tgt_embed, batch.tgt_in, 0)  # (B, T, D)
         causal_align = None if full_context else align_layer
         aligner = self.aligner
@@ -293,7 +294,7 @@ class TransformerModel(nn.Module):
         keep = aligner.layer if aligner is not None and not aligner.full_context else None
         top, self_weights, cross_weights, kept = self._decode(
             x, cross_kvs, batch.src_mask, need_attention and not full_context, causal_align, keep=keep)
-        logits = self.output(self.dec_norm(top))  # (B, T, V)
+        logits = None if align_only else self.output(self.dec_norm(top))  # (B, T, V)
         if full_context and (need_attention or align_layer is not None):
             layers = len(self.decoder) if need_attention else align_layer + 1
             _, self_weights, cross_weights, _ = self._decode(x, cross_kvs[:layers], batch.src_mask,
@@ -430,10 +431,8 @@ class CacheFill:
 
     def check(self) -> CacheFill:
         if self.n < 0:
-            raise RuntimeError(
-                "this decoding state, or one stepped from it, was given to select(..., inplace=True): "
-                "it may not be used again"
-            )
+            raise RuntimeError("this decoding state, or one stepped from it, was given to select(..., "
+                               "inplace=True): it may not be used again")
         return self
 
 

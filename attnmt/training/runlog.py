@@ -39,8 +39,8 @@ class TrainRecord:
     event: ClassVar[str] = "train"
     step: int
     epoch: float  # epochs done, fractional
-    loss: float  # label-smoothed, per target token
-    nll: float
+    loss: float | None  # label-smoothed, per target token; None with the translation frozen
+    nll: float | None
     lr: float
     tokens_per_s: float  # source + target tokens
     grad_norm: float | None  # of the last step, before clipping

@@ -25,7 +25,7 @@ from ..data.batching import Batch, EncodedSplit, gather
 from ..data.subword_sampling import SubwordSampler
 from ..data.tokenizer import PAD_ID
 from ..models import ModelOutput
-from ..models.loss import guided_alignment_loss, label_smoothed_nll
+from ..models.loss import LossOutput, guided_alignment_loss, label_smoothed_nll
 from .distributed import Dist
 from .faults import Faults
 from .optim import Schedule, set_lr
@@ -149,7 +149,8 @@ class OptimizerStep:
         guided = self.cfg.alignment
         layer = guided is not None and guided.module == "layer"
         align_layer = guided.layer - 1 if guided is not None and not layer else None
-        if layer and guided.translation == "frozen":  # the translation as it decodes: no dropout
+        frozen = layer and guided.translation == "frozen"
+        if frozen:  # the translation as it decodes (no dropout), and only what the layer reads: no loss
             self.model.eval()
             self.model.aligner.train()
         parts = self._parts(micro_batches, step, epoch)
@@ -163,9 +164,10 @@ class OptimizerStep:
             last = m == len(parts) - 1 or not self.dist.active
             with (contextlib.nullcontext() if last else self.ddp_model.no_sync(),
                   torch.autocast(self.device.type, **autocast)):
-                out = (self.forward(batch) if align_layer is None else
+                out = (self.forward(batch, align_only=frozen) if align_layer is None else
                        self.forward(batch, align_layer=align_layer, full_context=guided.full_context))
-                loss = label_smoothed_nll(out.logits, batch.tgt_out, PAD_ID, self.cfg.label_smoothing)
+                loss = (LossOutput(torch.zeros(()), torch.zeros(()), 0) if frozen else
+                        label_smoothed_nll(out.logits, batch.tgt_out, PAD_ID, self.cfg.label_smoothing))
                 if self.faults.poisons(step):
                     loss.loss = loss.loss * float("nan")
                 total = loss.loss

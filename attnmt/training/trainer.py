@@ -290,9 +290,12 @@ class Trainer:
         loss, nll, tgt_tokens, tokens, aligned = p.log_sums
         seconds = time.perf_counter() - self._window_start
         epoch = p.epoch + p.batch_in_epoch / max(epoch_batches, 1)
-        self.log.record(TrainRecord(p.step, epoch, loss / tgt_tokens, nll / tgt_tokens,
-                                    self.schedule.lr(p.step), tokens / max(seconds, 1e-9), result.grad_norm,
-                                    aligned / tgt_tokens if self.tc.alignment is not None else None))
+        guided = self.tc.alignment
+        frozen = guided is not None and guided.translation == "frozen"  # no translation loss computed
+        self.log.record(TrainRecord(p.step, epoch, None if frozen else loss / tgt_tokens,
+                                    None if frozen else nll / tgt_tokens, self.schedule.lr(p.step),
+                                    tokens / max(seconds, 1e-9), result.grad_norm,
+                                    aligned / tgt_tokens if guided is not None else None))
         p.log_sums, self._window_start = [0.0] * 5, time.perf_counter()
 
     def elapsed(self) -> float:

@@ -21,9 +21,11 @@ from helpers import assert_one_error_line
 from typer.testing import CliRunner
 
 from attnmt.cli import app
-from attnmt.config.schema import TrainConfig
+from attnmt.config.schema import TrainConfig, TransformerConfig
+from attnmt.data.batching import collate
 from attnmt.models.attention import attach_aligner
 from attnmt.models.checkpoint import load_checkpoint, resolve_model_path
+from attnmt.models.transformer import TransformerModel
 
 
 def invoke(*args):
@@ -99,6 +101,28 @@ def test_the_translation_learns_bit_for_bit_as_without_the_layer(runs, alignment
     fresh = torch.nn.Module()  # the layer as drawn at the start: training moved it
     attach_aligner(fresh, 32, alignment["layer"] - 1, False, False, seed=TrainConfig().seed + 1)
     assert not torch.equal(fresh.aligner.query.weight, b["aligner.query.weight"])
+
+
+@pytest.mark.parametrize("full_context, predicts", [(False, False), (True, True)])
+def test_align_only_gives_the_layer_what_the_full_forward_gives_it(full_context, predicts):
+    """The frozen translation's shortcut (``forward(align_only=True)``: the decoder only up to the layer's
+    queries, no logits) gives the layer's weights and predictions exactly as the whole forward does."""
+    cfg = TransformerConfig(arch="transformer", d_model=32, n_heads=2, enc_layers=2, dec_layers=3, d_ff=64,
+                            dropout=0.1)
+    torch.manual_seed(0)
+    model = TransformerModel(cfg, 50, 50)
+    attach_aligner(model, 32, 0, full_context, predicts, seed=1)
+    model.eval()
+    model.aligner.train()
+    src = [torch.randint(4, 50, (n,)).tolist() for n in (7, 3, 5)]
+    tgt = [torch.randint(4, 50, (n,)).tolist() for n in (4, 6, 2)]
+    batch = collate(src, tgt)
+    whole, only = model(batch), model(batch, align_only=True)
+    assert only.logits is None and whole.logits is not None
+    assert torch.equal(whole.alignment, only.alignment)
+    assert (only.align_logits is not None) == predicts
+    if predicts:
+        assert torch.equal(whole.align_logits, only.align_logits)
 
 
 def test_the_layer_aligns_the_toy_gold_and_align_reads_it_by_default(runs):
