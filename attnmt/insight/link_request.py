@@ -187,8 +187,9 @@ def reading(cfg, layer: Layer | None, heads: Heads | None, which: str = "", chec
     n_layers, n_heads = attention_layout(cfg.model)
     layer.check(n_layers["cross"], which, has_aligner(cfg))
     heads.check(1 if layer.kind == "align" else n_heads, which)
-    if layer.kind == "align":  # the layer reads the pass it was trained on
+    if layer.kind == "align":  # the layer reads the pass it was trained on, with a null word if taught one
         options["full_context"] = False
+        options["null"] = cfg.train.alignment.objective == "links"
     elif options.get("full_context") is None:
         options["full_context"] = default_align_options(cfg).full_context
     elif options["full_context"] and cfg.model.arch != "transformer":

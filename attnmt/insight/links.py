@@ -65,6 +65,10 @@ class AlignOptions:
     kind: str = "cross"
     """The attention read: ``cross`` (the layers and heads above), or ``align``, the model's alignment layer
     (``train.alignment.module: layer``: one layer of one head)."""
+    null: bool = True
+    """``align``: the source's EOS is the layer's null word (a layer taught links learns to look there for a
+    target word they leave unlinked); False for a layer that learnt by prediction, never taught one, whose
+    rows are renormalised over the words as the cross-attention's are."""
 
 
 def attention_rows(cross: Sequence[np.ndarray], layer: int | None = None, heads: Sequence[int] | None = None,

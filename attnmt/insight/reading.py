@@ -43,7 +43,7 @@ def default_align_options(cfg, checkpoint: Path | None = None) -> AlignOptions:
     argmax."""
     guided = cfg.train.alignment
     if guided is not None and guided.module == "layer":
-        return AlignOptions(kind="align")
+        return AlignOptions(kind="align", null=guided.objective == "links")
     calibrated = read_calibration(checkpoint) if checkpoint is not None else None
     full_context = guided is not None and guided.full_context
     if calibrated is not None:
@@ -121,9 +121,11 @@ def read_links(cross: list[np.ndarray], src_groups, tgt_groups, options: AlignOp
     """Word links of one pair from its attention (one (H, T + 1, S + 1) array per layer) as ``options`` read
     it. The alignment layer (kind ``align``) keeps the source's EOS as its null word (it is taught to look
     there for a target word its links leave unlinked): a target word it links to EOS is linked to nothing,
-    instead of its row being renormalised over the words onto one of them."""
-    if options.kind != "align":
-        matrix = attention_rows(cross, options.layer, options.heads, options.shift)  # (T, S)
+    instead of its row being renormalised over the words onto one of them (unless it learnt by prediction:
+    ``options.null``)."""
+    if options.kind != "align" or not options.null:
+        where = (options.layer, options.heads) if options.kind != "align" else (0, None)
+        matrix = attention_rows(cross, *where, options.shift)  # (T, S)
         return _links_of(matrix, src_groups, tgt_groups, options)
     matrix = cross[0][0][:-1]  # (T, S + 1): the EOS prediction is no row
     n_src = matrix.shape[1] - 1

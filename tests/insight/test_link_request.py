@@ -59,3 +59,20 @@ def test_a_layer_or_head_the_model_lacks_names_the_option_and_the_model():
         Heads.parse("1,5").check(4)
     Layer.parse("avg").check(1)
     Heads.parse("all").check(1)
+
+
+@pytest.mark.parametrize("objective, null", [("links", True), ("predict", False)])
+def test_the_alignment_layer_is_read_with_a_null_word_only_if_it_was_taught_links(objective, null):
+    from attnmt.config.schema import config_from_dict
+    from attnmt.insight.link_request import reading
+    from attnmt.insight.reading import default_align_options
+
+    cfg = config_from_dict({
+        "data": {"src_lang": "en", "tgt_lang": "de",
+                 "train": {"format": "toy", "split": "train", "size": 9}},
+        "model": {"arch": "transformer", "d_model": 32, "n_heads": 2, "enc_layers": 1, "dec_layers": 2},
+        "train": {"alignment": {"module": "layer", "objective": objective}},
+    })  # fmt: skip
+    assert default_align_options(cfg).null is null
+    layer, _, options = reading(cfg, None, None)
+    assert layer.kind == options.kind == "align" and options.null is null

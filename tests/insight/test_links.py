@@ -160,3 +160,17 @@ def test_grow_diag_only_grows_towards_unaligned_words():
     assert links.symmetrize(forward, reverse, "grow-diag-final") == {(0, 0), (1, 1)}
     with pytest.raises(ValueError, match="grow-diag-final-and"):
         links.symmetrize(forward, reverse, "grow")
+
+
+def test_the_alignment_layer_s_eos_is_a_null_word_only_for_a_layer_taught_one():
+    """A target word whose row peaks on the source's EOS is linked to nothing by a layer taught links (its
+    null word); a layer that learnt by prediction was never taught one, and its row is read over the words."""
+    from attnmt.insight.reading import read_links
+
+    # one layer, one head; rows: 2 target words + EOS, columns: 2 source words + EOS
+    layer = np.array([[[0.7, 0.2, 0.1], [0.1, 0.3, 0.6], [0.0, 0.0, 1.0]]])
+    groups = [[0], [1]]
+    taught = links.AlignOptions(kind="align", method="argmax")
+    assert read_links([layer], groups, groups, taught) == [(0, 0)]
+    predicted = links.AlignOptions(kind="align", method="argmax", null=False)
+    assert read_links([layer], groups, groups, predicted) == [(0, 0), (1, 1)]
