@@ -2,8 +2,8 @@
 bit for bit as before), only the layer learning (``train.alignment.module: layer``, ``translation: frozen``),
 taught by eflomal, by a Pharaoh file of yours, or by no teacher at all.
 
-    python scripts/align_layer.py RUN --out DIR [--teacher self|eflomal|FILE] [--steps N]
-        [--src TEST_SRC --tgt TEST_TGT --gold TEST_LINKS]
+    python scripts/align_layer.py RUN --out DIR [--teacher self|eflomal|FILE] [--reverse REVERSE_RUN]
+        [--steps N] [--src TEST_SRC --tgt TEST_TGT --gold TEST_LINKS]
 
 RUN is a trained run folder (``attnmt train``) whose ``data.train`` is one file pair (the teacher aligns
 those files, line for line): its resolved config, tokenizer and prepared data are reused, so nothing is
@@ -12,7 +12,10 @@ stop; an ``--out`` made with another teacher is refused):
 
 1. ``--teacher self`` (the default; Zenkel et al. 2019, 2020): ``OUT/predict``, a layer that learns to
    predict each target piece from the source alone through its own attention (``objective: predict``), then
-   ``OUT/train.align``, its links of the training corpus (``attnmt align OUT/predict``);
+   ``OUT/train.align``, its links of the training corpus (``attnmt align OUT/predict``); with
+   ``--reverse``, a run trained the other way on the same files, ``OUT/predict_reverse`` too, and the links
+   are the two directions' symmetrised (``attnmt align OUT/predict --reverse OUT/predict_reverse``,
+   grow-diag-final-and: Zenkel et al. 2020's bidirectional route);
    ``--teacher eflomal``: ``OUT/train.align`` by ``scripts/eflomal_align.py``; ``--teacher FILE``: that
    Pharaoh file (one line per line of the training corpus as read).
 2. ``OUT/layer``: the layer taught those links (``objective: links``); after ``predict`` it starts from that
@@ -76,13 +79,15 @@ def layer_config(base: dict, out: Path, init_from: Path, alignment: dict, steps:
     return path
 
 
-def train_layer(args: argparse.Namespace, base: dict, name: str, init_from: Path, alignment: dict) -> None:
-    """Train one frozen-translation layer into ``OUT/name``, on RUN's prepared data (copied in)."""
-    folder = args.out / name
+def train_layer(args: argparse.Namespace, base: dict, name: str, init_from: Path, alignment: dict,
+                run_dir: Path | None = None) -> None:
+    """Train one frozen-translation layer into ``OUT/name``, on the prepared data of RUN (or of
+    ``run_dir``, whose resolved config ``base`` is), copied in."""
+    folder, source = args.out / name, run_dir or args.run
     if not (folder / "config.yaml").exists():  # copied last: without it, a copy stopped halfway
         for part in ("data", "tokenizer"):
-            shutil.copytree(args.run / part, folder / part, dirs_exist_ok=True)
-        shutil.copy(args.run / "config.yaml", folder / "config.yaml")
+            shutil.copytree(source / part, folder / part, dirs_exist_ok=True)
+        shutil.copy(source / "config.yaml", folder / "config.yaml")
     config = layer_config(base, args.out / name, init_from, alignment, args.steps)
     sets = [x for s in args.sets for x in ("--set", s)]
     run([*ATTNMT, "train", config, "--run-dir", folder, *sets])
@@ -108,20 +113,29 @@ def check_options(args: argparse.Namespace) -> None:
         require_module("eflomal", "--teacher eflomal needs eflomal: pip install -e '.[align]'")
     elif args.teacher != "self" and not Path(args.teacher).is_file():
         raise ConfigError(f"--teacher {args.teacher}: expected self, eflomal or a Pharaoh file")
+    if args.reverse is not None and args.teacher != "self":
+        raise ConfigError(f"--reverse goes with --teacher self (the two directions' links symmetrised), not "
+                          f"with --teacher {args.teacher}")
     marker = args.out / MARKER
     if args.out.is_dir() and any(args.out.iterdir()) and not marker.is_file():
         raise ConfigError(f"--out {args.out} holds files this script did not write; give a new or empty "
                           "folder")
     if marker.is_file():
         made = read_json(marker, ConfigError).get("teacher")
-        if made != teacher_name(args.teacher):
+        if made != made_by(args):
             raise ConfigError(f"--out {args.out} was made with --teacher {made}; give another folder for "
-                              f"--teacher {args.teacher}")
+                              f"--teacher {made_by(args)}")
 
 
 def teacher_name(teacher: str) -> str:
     """How the marker records a teacher: ``self``, ``eflomal`` or the file's absolute path."""
     return teacher if teacher in ("self", "eflomal") else str(Path(teacher).resolve())
+
+
+def made_by(args: argparse.Namespace) -> str:
+    """The teacher as the marker records it, with ``--reverse``'s run."""
+    reverse = f" --reverse {Path(args.reverse).resolve()}" if args.reverse is not None else ""
+    return teacher_name(args.teacher) + reverse
 
 
 def check_run(run: Path) -> dict:
@@ -145,12 +159,26 @@ def check_run(run: Path) -> dict:
     return yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))
 
 
+def check_reverse(reverse: Path, corpus: dict) -> dict:
+    """``--reverse``: a run folder like RUN's, trained on RUN's training files the other way round; its
+    resolved config, as a dict."""
+    base = check_run(reverse)
+    theirs = base["data"]["train"]
+    if (Path(theirs["src"]).resolve(), Path(theirs["tgt"]).resolve()) != (Path(corpus["tgt"]).resolve(),
+                                                                        Path(corpus["src"]).resolve()):
+        raise ConfigError(f"--reverse {reverse}: trained on {theirs['src']} -> {theirs['tgt']}, not on RUN's "
+                          f"training files the other way ({corpus['tgt']} -> {corpus['src']})")
+    return base
+
+
 def build_parser() -> ScriptParser:
     ap = ScriptParser(description=__doc__)
     ap.add_argument("run", type=Model(checkpoints=False), help="a trained run folder")
     ap.add_argument("--out", type=OutputFolder(), required=True, help="folder for the layers and summary")
     ap.add_argument("--teacher", default="self",
                     help="self (no teacher: predict, then its own links), eflomal, or a Pharaoh file")
+    ap.add_argument("--reverse", type=Model(checkpoints=False), help="--teacher self: a run trained the "
+                    "other way on the same files; the links are both directions' symmetrised")
     ap.add_argument("--steps", type=Number(int, low=1), default=1000, help="optimizer steps of each layer")
     ap.add_argument("--full-context", action="store_true", help="queries from a pass that sees the whole "
                     "target")
@@ -172,8 +200,14 @@ def teach(args: argparse.Namespace, base: dict, step) -> Path:
     if args.teacher == "self":
         step("predict", trained(args.out / "predict"), train_layer, args, base, "predict", start,
              {"objective": "predict", **context})
+        both = []
+        if args.reverse is not None:
+            step("predict_reverse", trained(args.out / "predict_reverse"), train_layer, args,
+                 check_reverse(args.reverse, corpus), "predict_reverse", args.reverse,
+                 {"objective": "predict", **context}, args.reverse)
+            both = ["--reverse", args.out / "predict_reverse"]
         step("align", links.exists(), run, [*ATTNMT, "align", args.out / "predict", "--src", corpus["src"],
-                                            "--tgt", corpus["tgt"], "-o", links])
+                                            "--tgt", corpus["tgt"], *both, "-o", links])
         start = args.out / "predict"
     elif args.teacher == "eflomal":
         step("align", links.exists(), run, [sys.executable, REPO / "scripts" / "eflomal_align.py", "--src",
@@ -189,13 +223,15 @@ def teach(args: argparse.Namespace, base: dict, step) -> Path:
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     # Absolute paths: the attnmt commands run in the repository, not in the caller's folder.
-    for name in ("run", "out", "src", "tgt", "gold"):
+    for name in ("run", "reverse", "out", "src", "tgt", "gold"):
         if getattr(args, name) is not None:
             setattr(args, name, getattr(args, name).resolve())
     args.teacher = teacher_name(args.teacher)
     base = check_run(args.run)
+    if args.reverse is not None:
+        check_reverse(args.reverse, base["data"]["train"])
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / MARKER).write_text(json.dumps({"teacher": args.teacher}) + "\n", encoding="utf-8")
+    (args.out / MARKER).write_text(json.dumps({"teacher": made_by(args)}) + "\n", encoding="utf-8")
     done_before = args.out / "summary.json"
     minutes: dict[str, float] = {}
     if done_before.is_file():  # the minutes of steps an earlier call did
@@ -211,6 +247,8 @@ def main(argv: list[str] | None = None) -> None:
 
     links = teach(args, base, step)
     summary: dict = {"teacher": args.teacher, "links": str(links), "minutes": minutes}
+    if args.reverse is not None:
+        summary["reverse"] = str(args.reverse)
     if args.gold is not None:
         summary["run"] = score(args.run, args)
         for name in ("predict", "layer"):

@@ -227,3 +227,42 @@ def test_the_refusals_are_one_line_before_any_work(toy, tmp_path):
         assert needle in assert_one_error_line(stderr), (what, stderr)
     assert not new.exists()
     assert {path: hash_tree(path) for path in before} == before
+
+
+def test_no_teacher_with_a_reverse_run_learns_the_two_directions_symmetrised(toy, align_layer, tmp_path):
+    """``--reverse``: a predicting layer on each direction, and the links taught are theirs symmetrised
+    (``attnmt align --reverse``: grow-diag-final-and), the same as align makes of the two layers itself."""
+    made = yaml.safe_load(toy["recipe"].read_text(encoding="utf-8"))
+    made["data"].update(src_lang="de", tgt_lang="en",
+                        **{split: {"src": made["data"][split]["tgt"], "tgt": made["data"][split]["src"]}
+                           for split in ("train", "dev")})  # fmt: skip
+    recipe = tmp_path / "reverse.yaml"
+    recipe.write_text(json.dumps(made), encoding="utf-8")
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    invoke("train", recipe, "--run-dir", tmp_path / "reverse")
+    torch.use_deterministic_algorithms(deterministic)
+    out = tmp_path / "both"
+    code, said, err = align_layer(toy["run"], "--out", out, "--steps", 8, "--reverse", tmp_path / "reverse")
+    assert code == 0, err
+    steps = [line for line in said.splitlines() if line.startswith("align_layer:")]
+    assert steps == ["align_layer: predict", "align_layer: predict_reverse", "align_layer: align",
+                     "align_layer: layer"]
+    assert read_summary(out)["reverse"] == str(tmp_path / "reverse")
+    assert trained_with(out / "predict_reverse")["init_from"] == str(tmp_path / "reverse")
+    assert_same_translation(tmp_path / "reverse", out / "predict_reverse")
+    data = toy["data"]
+    both = tmp_path / "both.align"
+    invoke("align", out / "predict", "--src", data / "train.en", "--tgt", data / "train.de",
+           "--reverse", out / "predict_reverse", "-o", both)
+    one_way = tmp_path / "one_way.align"
+    invoke("align", out / "predict", "--src", data / "train.en", "--tgt", data / "train.de", "-o", one_way)
+    assert (out / "train.align").read_text(encoding="utf-8") == both.read_text(encoding="utf-8")
+    assert both.read_text(encoding="utf-8") != one_way.read_text(encoding="utf-8")
+    # The same folder with another route is refused, and --reverse goes with --teacher self only.
+    code, _, err = align_layer(toy["run"], "--out", out, "--steps", 8)
+    assert code == 2 and "was made with --teacher self --reverse" in assert_one_error_line(err)
+    code, _, err = align_layer(toy["run"], "--out", tmp_path / "x", "--teacher", data / "train.align",
+                               "--reverse", tmp_path / "reverse")
+    assert code == 2 and "--reverse goes with --teacher self" in assert_one_error_line(err)
+    code, _, err = align_layer(toy["run"], "--out", tmp_path / "y", "--reverse", toy["run"])
+    assert code == 2 and "not on RUN's training files the other way" in assert_one_error_line(err)
