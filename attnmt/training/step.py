@@ -164,8 +164,12 @@ class OptimizerStep:
             last = m == len(parts) - 1 or not self.dist.active
             with (contextlib.nullcontext() if last else self.ddp_model.no_sync(),
                   torch.autocast(self.device.type, **autocast)):
-                out = (self.forward(batch, align_only=frozen) if align_layer is None else
-                       self.forward(batch, align_layer=align_layer, full_context=guided.full_context))
+                if frozen:
+                    out = self.forward(batch, align_only=True)
+                elif align_layer is not None:
+                    out = self.forward(batch, align_layer=align_layer, full_context=guided.full_context)
+                else:
+                    out = self.forward(batch)
                 loss = (LossOutput(torch.zeros(()), torch.zeros(()), 0) if frozen else
                         label_smoothed_nll(out.logits, batch.tgt_out, PAD_ID, self.cfg.label_smoothing))
                 if self.faults.poisons(step):
