@@ -74,6 +74,10 @@ class GuidedAlignmentConfig(Section):
     """What the alignment layer learns from: ``links``, those of ``path`` (or the toy task's); ``predict``,
     none: it predicts each target piece from the source alone, through its own attention (Zenkel et al.
     2019's unsupervised objective; the start of ``scripts/bootstrap_guided.py --teacher self``)."""
+    shift: Bool = False
+    """The alignment layer's query for target piece t is the decoder's state one position later, where
+    piece t is the decoder's input (Shift-Att, Chen et al. 2020): the layer sees the word it aligns. Not with
+    ``objective: predict`` (it would be shown the piece it predicts) or ``full_context``."""
     translation: Literal["train", "frozen"] = "train"
     """``frozen``: only the alignment layer learns, on top of ``train.init_from``'s model (a trained run, or
     an imported OPUS-MT model), which goes on translating bit for bit as before."""
@@ -355,7 +359,7 @@ def _check_module(guided: GuidedAlignmentConfig, transformer: bool, init_from: b
         raise ConfigError(f"{where('module')}: layer needs model.arch transformer (the LSTM's one attention "
                           "is its alignment)")
     if guided.module == "head":
-        for key, default in (("objective", "links"), ("translation", "train")):
+        for key, default in (("objective", "links"), ("translation", "train"), ("shift", False)):
             if getattr(guided, key) != default:
                 raise ConfigError(f"{where(key)}: {getattr(guided, key)} is the alignment layer's "
                                   "(train.alignment.module: layer)")
@@ -363,6 +367,10 @@ def _check_module(guided: GuidedAlignmentConfig, transformer: bool, init_from: b
     if guided.heads != [1]:
         raise ConfigError(f"{where('heads')}: {guided.heads}, but the alignment layer has one head of its "
                           "own (train.alignment.module: layer); leave heads out")
+    if guided.shift and (guided.objective == "predict" or guided.full_context):
+        clash = ("objective predict: it would be shown the piece it predicts" if guided.objective == "predict"
+                 else "full_context: that pass sees the whole target already")
+        raise ConfigError(f"{where('shift')}: true does not go with {clash}")
     if guided.translation == "frozen" and not init_from:
         raise ConfigError(f"{where('translation')}: frozen needs train.init_from (the trained model the "
                           "alignment layer learns on top of)")

@@ -293,13 +293,16 @@ class AlignmentLayer(nn.Module):
     or without it. One head; no dropout (it draws no random numbers either). ``forward`` gives its weights
     (B, 1, T, S) and, given the translation's output matrix, its prediction of each target piece from the
     source alone (Zenkel et al. 2019's unsupervised objective): the attended values, projected and normalised,
-    times that matrix (detached), so the layer adds four d x d matrices and no vocabulary-sized one.
+    times that matrix (detached), so the layer adds four d x d matrices and no vocabulary-sized one. With
+    ``shift``, piece t's query is the state one position later, where piece t is the input (Shift-Att).
     """
 
-    def __init__(self, d_model: int, layer: int, full_context: bool, predicts: bool) -> None:
+    def __init__(self, d_model: int, layer: int, full_context: bool, predicts: bool,
+                 shift: bool = False) -> None:
         super().__init__()
         self.layer, self.full_context = layer, full_context  # 0-based; which decoder pass feeds the queries
         self.predicts = predicts  # trained by its predictions (objective predict), not by given links
+        self.shift = shift  # piece t's query: the state at t + 1, whose input piece t is (Shift-Att)
         self.query, self.key, self.value, self.out = (nn.Linear(d_model, d_model) for _ in range(4))
         self.norm = nn.LayerNorm(d_model)
 
@@ -308,6 +311,8 @@ class AlignmentLayer(nn.Module):
         """states (B, T, D), memory (B, S, D), src_mask (B, S) -> (weights (B, 1, T, S), logits (B, T, V)
         or None)."""
         states, memory = states.detach(), memory.detach()
+        if self.shift:  # an EOS row gets the next (padding) state or its own: it is not taught or read
+            states = torch.cat([states[:, 1:], states[:, -1:]], dim=1)
         q, k = self.query(states), self.key(memory)  # (B, T, D), (B, S, D)
         scores = q @ k.transpose(1, 2) / math.sqrt(q.size(-1))  # (B, T, S)
         weights = masked_softmax(scores.float(), src_mask[:, None, :])  # (B, T, S), float32
@@ -320,9 +325,9 @@ class AlignmentLayer(nn.Module):
 
 
 def attach_aligner(model: nn.Module, d_model: int, layer: int, full_context: bool, predicts: bool,
-                   seed: int) -> None:
+                   seed: int, shift: bool = False) -> None:
     """Give ``model`` an alignment layer (``model.aligner``), initialised from ``seed`` in a random state of
     its own: the translation's weights and dropout draw the same random numbers as without it."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model.aligner = AlignmentLayer(d_model, layer, full_context, predicts)
+        model.aligner = AlignmentLayer(d_model, layer, full_context, predicts, shift)

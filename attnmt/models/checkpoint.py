@@ -246,7 +246,8 @@ RESUMABLE = {"max_steps", "max_epochs", "max_minutes", "valid_beam_size", "log_e
 ADDED_DYNAMICS = {"alignment": None, "plateau_patience": 2, "plateau_factor": 0.5, "tokenizer.sampling": None,
                   "freeze_embeddings": False}
 # The same for train.alignment.* keys.
-ADDED_ALIGNMENT = {"full_context": False, "module": "head", "objective": "links", "translation": "train"}
+ADDED_ALIGNMENT = {"full_context": False, "module": "head", "objective": "links", "translation": "train",
+                   "shift": False}
 # The same for model.* keys: a checkpoint's model fingerprint leaves them out while they have these values.
 ADDED_MODEL = {"scale_embeddings": True, "output_bias": False}
 

@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 from attnmt.cli import app
 from attnmt.config.schema import TrainConfig, TransformerConfig
 from attnmt.data.batching import collate
-from attnmt.models.attention import attach_aligner
+from attnmt.models.attention import AlignmentLayer, attach_aligner
 from attnmt.models.checkpoint import load_checkpoint, resolve_model_path
 from attnmt.models.transformer import TransformerModel
 
@@ -125,6 +125,19 @@ def test_align_only_gives_the_layer_what_the_full_forward_gives_it(full_context,
         assert torch.equal(whole.align_logits, only.align_logits)
 
 
+def test_a_shifted_layer_reads_each_piece_s_query_one_position_later():
+    """``shift`` (Shift-Att): piece t's weights are those the unshifted layer gives the state at t + 1."""
+    torch.manual_seed(0)
+    plain, shifted = (AlignmentLayer(16, 0, False, False, shift) for shift in (False, True))
+    shifted.load_state_dict(plain.state_dict())
+    states, memory = torch.randn(2, 5, 16), torch.randn(2, 4, 16)
+    src_mask = torch.tensor([[True] * 4, [True, True, False, False]])
+    later = plain(torch.cat([states[:, 1:], states[:, :1]], dim=1), memory, src_mask)[0]
+    found = shifted(states, memory, src_mask)[0]
+    assert torch.equal(found[:, :, :-1], later[:, :, :-1])
+    assert not torch.allclose(found, plain(states, memory, src_mask)[0])
+
+
 def test_the_layer_aligns_the_toy_gold_and_align_reads_it_by_default(runs):
     data = runs["data"]
     pair = ("--src", data / "test.en", "--tgt", data / "test.de", "--gold", data / "test.align", "--json")
@@ -163,6 +176,11 @@ def test_a_layer_added_with_the_translation_frozen_translates_bit_for_bit_as_bef
     ({"module": "layer", "objective": "predict", "path": "x.align"},
      "train.alignment.path: objective predict"),
     ({"module": "layer", "lstm": True}, "train.alignment.module: layer needs model.arch transformer"),
+    ({"shift": True}, "train.alignment.shift: True is the alignment layer's"),
+    ({"module": "layer", "shift": True, "objective": "predict"},
+     "train.alignment.shift: true does not go with objective predict"),
+    ({"module": "layer", "shift": True, "full_context": True},
+     "train.alignment.shift: true does not go with full_context"),
 ])
 def test_the_layer_s_keys_that_do_not_go_together_are_one_line(tmp_path, alignment, needle):
     model = TINY["model"]
