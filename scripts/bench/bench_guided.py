@@ -114,7 +114,9 @@ def train(args, name: str, pairs: dict[str, tuple[Path, Path]]) -> None:
         links = args.out / "teacher.train.align"
         if backwards:
             links = turned(links, args.out / "teacher.train.rev.align")
-        sets.append(f"train.alignment.path={links.resolve()}")
+        # The taught head (the recipe ships the alignment layer): what this benchmark measures.
+        sets += [f"train.alignment.path={links.resolve()}", "train.alignment.module=head",
+                 "train.alignment.shift=false"]
     keep = args.steps // args.every + 1
     sets += [f"train.max_steps={args.steps}", "train.max_minutes=0", f"train.save_every={args.every}",
              f"train.keep_last={keep}", "train.average_last=0", f"train.eval_every={args.steps}", *overrides]
