@@ -265,9 +265,8 @@ class Trainer:
         p, tc = self.progress, self.tc
         if not result.skipped:
             # In the checkpointed progress, so that the first record after a resume is exact too.
-            for i, value in enumerate((result.loss, result.nll, result.tgt_tokens, result.tokens,
-                                       result.align_loss or 0.0)):
-                p.log_sums[i] += value
+            values = (result.loss, result.nll, result.tgt_tokens, result.tokens, result.align_loss or 0.0)
+            p.log_sums = [total + value for total, value in zip(p.log_sums, values)]
         self.faults.after_step(p.step)
         if p.step % tc.log_every == 0 and p.log_sums[2]:
             self._log_train(result, epoch_batches)
@@ -288,13 +287,12 @@ class Trainer:
     def _log_train(self, result: StepResult, epoch_batches: int) -> None:
         p = self.progress
         loss, nll, tgt_tokens, tokens, aligned = p.log_sums
-        seconds = time.perf_counter() - self._window_start
+        speed = tokens / max(time.perf_counter() - self._window_start, 1e-9)
         epoch = p.epoch + p.batch_in_epoch / max(epoch_batches, 1)
         guided = self.tc.alignment
         frozen = guided is not None and guided.translation == "frozen"  # no translation loss computed
-        self.log.record(TrainRecord(p.step, epoch, None if frozen else loss / tgt_tokens,
-                                    None if frozen else nll / tgt_tokens, self.schedule.lr(p.step),
-                                    tokens / max(seconds, 1e-9), result.grad_norm,
+        losses = [None if frozen else x / tgt_tokens for x in (loss, nll)]
+        self.log.record(TrainRecord(p.step, epoch, *losses, self.schedule.lr(p.step), speed, result.grad_norm,
                                     aligned / tgt_tokens if guided is not None else None))
         p.log_sums, self._window_start = [0.0] * 5, time.perf_counter()
 

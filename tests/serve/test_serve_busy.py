@@ -74,15 +74,30 @@ def starve(pid: int, stop: threading.Event, off: float = 0.12, on: float = 0.02)
 def test_a_decoder_that_waits_for_the_cpu_is_not_cut_at_its_budget(server):
     """Every line at once, with the interactive decoder given the CPU a small share of the time: the answer
     takes longer than the budget on the wall clock, and is the same as on a quiet machine. The share is
-    chosen from the quiet answer's time so that the starved one needs twice the budget (a seventh was too
-    much on a fast machine: 16 lines took 0.06 s quiet, 0.42 s starved); the request stays this size, as a
-    longer one would go to the bulk lane."""
+    chosen from the quiet answer's time (the faster of two) so that the starved one needs twice the budget,
+    and halved again for another try when a busy machine made the quiet answer slow (a seventh was too much
+    on a fast machine: 16 lines took 0.06 s quiet, 0.42 s starved); the request stays this size, as a longer
+    one would go to the bulk lane."""
     body = {"text": LINES * 2}
-    started = time.perf_counter()
-    quiet = best(server.client.post("/translate", json=body).json())
+    quiet, quiet_s = None, float("inf")
+    for _ in range(2):
+        started = time.perf_counter()
+        quiet = best(server.client.post("/translate", json=body).json())
+        quiet_s = min(quiet_s, time.perf_counter() - started)
     on = 0.02
-    off = max(0.12, on * (2 * BUDGET / max(time.perf_counter() - started, 1e-3) - 1))
+    off = max(0.12, on * (2 * BUDGET / max(quiet_s, 1e-3) - 1))
     interactive = next(pid for pid, nice in decoders(server).items() if nice == 0)
+    for _ in range(3):
+        took = starved(server, body, interactive, off, on, quiet)
+        if took > BUDGET:
+            break
+        off = 2 * off + on
+    assert took > BUDGET  # the wall clock ran past the budget: a wall-clock budget would have cut it
+
+
+def starved(server, body: dict, interactive: int, off: float, on: float, quiet) -> float:
+    """Seconds of ``body``'s request with the decoder ``interactive`` starved, its answer checked: 200 and
+    the quiet machine's."""
     stop = threading.Event()
     starver = threading.Thread(target=starve, args=(interactive, stop, off, on))
     starver.start()
@@ -95,7 +110,7 @@ def test_a_decoder_that_waits_for_the_cpu_is_not_cut_at_its_budget(server):
         starver.join()
     assert answer.status_code == 200, answer.text
     assert best(answer.json()) == quiet
-    assert took > BUDGET  # the wall clock ran past the budget: a wall-clock budget would have cut it
+    return took
 
 
 def test_attention_is_laned_by_the_pieces_its_drawing_reads(server):
