@@ -292,8 +292,9 @@ class TransformerModel(nn.Module):
         aligner = self.aligner
         aligner = aligner if aligner is not None and (aligner.training or need_attention) else None
         keep = aligner.layer if aligner is not None and not aligner.full_context else None
+        causal = cross_kvs[:0] if align_only and aligner.full_context else cross_kvs  # _align has its pass
         top, self_weights, cross_weights, kept = self._decode(
-            x, cross_kvs, batch.src_mask, need_attention and not full_context, causal_align, keep=keep)
+            x, causal, batch.src_mask, need_attention and not full_context, causal_align, keep=keep)
         logits = None if align_only else self.output(self.dec_norm(top))  # (B, T, V)
         if full_context and (need_attention or align_layer is not None):
             layers = len(self.decoder) if need_attention else align_layer + 1
