@@ -27,6 +27,8 @@ stop; an ``--out`` made with another teacher is refused):
 
 Each layer trains ``--steps`` optimizer steps (default 1000) at the run's token budget, validated once at
 the end; ``--full-context`` gives the layer the queries of a decoder pass that sees the whole target;
+``--shift`` gives the links layer (not ``predict``, which would see the piece it predicts) the queries of
+the positions where its pieces are the input (``train.alignment.shift``);
 ``--set KEY=VALUE`` goes to both trainings.
 """
 
@@ -113,6 +115,8 @@ def check_options(args: argparse.Namespace) -> None:
         require_module("eflomal", "--teacher eflomal needs eflomal: pip install -e '.[align]'")
     elif args.teacher != "self" and not Path(args.teacher).is_file():
         raise ConfigError(f"--teacher {args.teacher}: expected self, eflomal or a Pharaoh file")
+    if args.shift and args.full_context:
+        raise ConfigError("--shift goes with the causal pass's queries, not with --full-context")
     if args.reverse is not None and args.teacher != "self":
         raise ConfigError(f"--reverse goes with --teacher self (the two directions' links symmetrised), not "
                           f"with --teacher {args.teacher}")
@@ -182,6 +186,8 @@ def build_parser() -> ScriptParser:
     ap.add_argument("--steps", type=Number(int, low=1), default=1000, help="optimizer steps of each layer")
     ap.add_argument("--full-context", action="store_true", help="queries from a pass that sees the whole "
                     "target")
+    ap.add_argument("--shift", action="store_true", help="the links layer's query for a piece is the decoder's "
+                    "state where that piece is the input (train.alignment.shift; not the predicting layer)")
     ap.add_argument("--src", type=InputFile(), help="held-out sources to score on")
     ap.add_argument("--tgt", type=InputFile(), help="their targets")
     ap.add_argument("--gold", type=InputFile(), help="their reference links (Pharaoh)")
@@ -214,8 +220,9 @@ def teach(args: argparse.Namespace, base: dict, step) -> Path:
                                             corpus["src"], "--tgt", corpus["tgt"], "-o", links])
     else:
         links = Path(args.teacher)
+    shift = {"shift": True} if args.shift else {}
     step("layer", trained(args.out / "layer"), train_layer, args, base, "layer", start,
-         {"objective": "links", "path": str(links), **context})
+         {"objective": "links", "path": str(links), **context, **shift})
     return links
 
 

@@ -136,7 +136,7 @@ def test_a_layer_taught_the_gold_aligns_better_than_the_run_and_translates_as_it
 
 def test_a_layer_with_no_teacher_predicts_then_learns_its_own_links(toy, align_layer):
     out = toy["root"] / "self"
-    command = [toy["run"], "--out", out, "--steps", 10, *toy["test"]]
+    command = [toy["run"], "--out", out, "--steps", 10, "--shift", *toy["test"]]
     code, said, err = align_layer(*command)
     assert code == 0, err
     steps = [line for line in said.splitlines() if line.startswith("align_layer:")]
@@ -159,6 +159,8 @@ def test_a_layer_with_no_teacher_predicts_then_learns_its_own_links(toy, align_l
         assert_same_translation(toy["run"], out / name)
     config = {name: trained_with(out / name) for name in ("predict", "layer")}
     assert config["predict"]["alignment"]["objective"] == "predict"
+    # --shift is the links layer's alone: a predicting layer would be shown the piece it predicts.
+    assert config["predict"]["alignment"]["shift"] is False and config["layer"]["alignment"]["shift"] is True
     assert config["predict"]["init_from"] == str(toy["run"])
     assert config["layer"]["alignment"]["path"] == str(out / "train.align")
     assert config["layer"]["init_from"] == str(out / "predict")
@@ -215,6 +217,8 @@ def test_the_refusals_are_one_line_before_any_work(toy, tmp_path):
                                     "was made with --teacher self"),
         "an unknown teacher": ([run, "--out", new, "--teacher", "giza"], 2,
                                "--teacher giza: expected self, eflomal or a Pharaoh file"),
+        "--shift with --full-context": ([run, "--out", new, "--shift", "--full-context"], 2,
+                                        "--shift goes with the causal pass's queries"),
         "a toy-format run": ([tmp_path / "toyrun", "--out", new], 2,
                              "data.train: format toy is not a file pair"),
     }
