@@ -43,8 +43,7 @@ from .yaml12 import parse_yaml, read_yaml_file
 
 
 class GuidedAlignmentConfig(Section):
-    """Guided alignment training (Garg et al. 2019): a loss that teaches chosen heads of one cross-attention
-    layer to attend where given word alignments of the training corpus point."""
+    """Guided alignment (Garg et al. 2019): a loss teaches heads or a layer the training corpus's links."""
 
     path: Path | None = None
     """A Pharaoh file (``i-j``: source word i, target word j; possible links ``i?j`` are not taught), one line
@@ -78,6 +77,11 @@ class GuidedAlignmentConfig(Section):
     """The alignment layer's query for target piece t is the decoder's state one position later, where
     piece t is the decoder's input (Shift-Att, Chen et al. 2020): the layer sees the word it aligns. Not with
     ``objective: predict`` (it would be shown the piece it predicts) or ``full_context``."""
+    feed_forward: Bool = False
+    """The alignment layer's queries and keys each pass a residual feed-forward block (2 x d_model, GELU) of
+    their own, and a ``shift``-ed query adds the state where its piece is predicted: room for more links."""
+    dropout: Annotated[float, Field(strict=True, ge=0.0, lt=1.0, allow_inf_nan=False)] = 0.0
+    """Dropout in the alignment layer (queries, keys, its blocks), drawn after all of the translation's."""
     translation: Literal["train", "frozen"] = "train"
     """``frozen``: only the alignment layer learns, on top of ``train.init_from``'s model (a trained run, or
     an imported OPUS-MT model), which goes on translating bit for bit as before."""
@@ -359,7 +363,8 @@ def _check_module(guided: GuidedAlignmentConfig, transformer: bool, init_from: b
         raise ConfigError(f"{where('module')}: layer needs model.arch transformer (the LSTM's one attention "
                           "is its alignment)")
     if guided.module == "head":
-        for key, default in (("objective", "links"), ("translation", "train"), ("shift", False)):
+        for key, default in (("objective", "links"), ("translation", "train"), ("shift", False),
+                             ("feed_forward", False), ("dropout", 0.0)):
             if getattr(guided, key) != default:
                 raise ConfigError(f"{where(key)}: {getattr(guided, key)} is the alignment layer's "
                                   "(train.alignment.module: layer)")

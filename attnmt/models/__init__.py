@@ -32,7 +32,8 @@ def build_model(cfg: LSTMConfig | TransformerConfig, src_vocab_size: int, tgt_vo
     guided = train.alignment if train is not None else None
     if guided is not None and guided.module == "layer":
         attach_aligner(model, cfg.d_model, guided.layer - 1, guided.full_context,
-                       guided.objective == "predict", seed=train.seed + 1, shift=guided.shift)
+                       guided.objective == "predict", seed=train.seed + 1, shift=guided.shift,
+                       feed_forward=guided.feed_forward, dropout=guided.dropout)
     return model
 
 

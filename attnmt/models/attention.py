@@ -295,25 +295,43 @@ class AlignmentLayer(nn.Module):
     source alone (Zenkel et al. 2019's unsupervised objective): the attended values, projected and normalised,
     times that matrix (detached), so the layer adds four d x d matrices and no vocabulary-sized one. With
     ``shift``, piece t's query is the state one position later, where piece t is the input (Shift-Att).
+    With ``feed_forward``, the queries and keys each pass through a residual feed-forward block of their own
+    before they meet, and a shifted query adds the state where its piece is predicted; ``dropout`` drops
+    queries, keys and those blocks' hidden units. The layer runs after the translation's forward, so the
+    random numbers it draws are none the translation would have drawn (each micro-batch seeds its own).
     """
 
-    def __init__(self, d_model: int, layer: int, full_context: bool, predicts: bool,
-                 shift: bool = False) -> None:
+    def __init__(self, d_model: int, layer: int, full_context: bool, predicts: bool, shift: bool = False,
+                 feed_forward: bool = False, dropout: float = 0.0) -> None:
         super().__init__()
         self.layer, self.full_context = layer, full_context  # 0-based; which decoder pass feeds the queries
         self.predicts = predicts  # trained by its predictions (objective predict), not by given links
         self.shift = shift  # piece t's query: the state at t + 1, whose input piece t is (Shift-Att)
         self.query, self.key, self.value, self.out = (nn.Linear(d_model, d_model) for _ in range(4))
         self.norm = nn.LayerNorm(d_model)
+        self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.feed_forward = feed_forward
+        if feed_forward:
+            if shift:  # the state where piece t is predicted, beside the one where it is the input
+                self.query_here = nn.Linear(d_model, d_model)
+            self.query_block, self.key_block = (nn.Sequential(
+                nn.Linear(d_model, 2 * d_model), nn.GELU(), nn.Dropout(dropout), nn.Linear(2 * d_model, d_model))
+                for _ in range(2))
 
     def forward(self, states: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
                 output: nn.Linear | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """states (B, T, D), memory (B, S, D), src_mask (B, S) -> (weights (B, 1, T, S), logits (B, T, V)
         or None)."""
         states, memory = states.detach(), memory.detach()
+        here = states
         if self.shift:  # an EOS row gets the next (padding) state or its own: it is not taught or read
             states = torch.cat([states[:, 1:], states[:, -1:]], dim=1)
         q, k = self.query(states), self.key(memory)  # (B, T, D), (B, S, D)
+        if self.feed_forward and self.shift:
+            q = q + self.query_here(here)
+        q, k = self.dropout(q), self.dropout(k)
+        if self.feed_forward:
+            q, k = q + self.query_block(q), k + self.key_block(k)
         scores = q @ k.transpose(1, 2) / math.sqrt(q.size(-1))  # (B, T, S)
         weights = masked_softmax(scores.float(), src_mask[:, None, :])  # (B, T, S), float32
         logits = None
@@ -325,9 +343,10 @@ class AlignmentLayer(nn.Module):
 
 
 def attach_aligner(model: nn.Module, d_model: int, layer: int, full_context: bool, predicts: bool,
-                   seed: int, shift: bool = False) -> None:
-    """Give ``model`` an alignment layer (``model.aligner``), initialised from ``seed`` in a random state of
-    its own: the translation's weights and dropout draw the same random numbers as without it."""
+                   seed: int, **options) -> None:
+    """Give ``model`` an alignment layer (``model.aligner``; ``options``: ``AlignmentLayer``'s ``shift``,
+    ``feed_forward`` and ``dropout``), initialised from ``seed`` in a random state of its own: the
+    translation's weights and dropout draw the same random numbers as without it."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model.aligner = AlignmentLayer(d_model, layer, full_context, predicts, shift)
+        model.aligner = AlignmentLayer(d_model, layer, full_context, predicts, **options)

@@ -247,7 +247,7 @@ ADDED_DYNAMICS = {"alignment": None, "plateau_patience": 2, "plateau_factor": 0.
                   "freeze_embeddings": False}
 # The same for train.alignment.* keys.
 ADDED_ALIGNMENT = {"full_context": False, "module": "head", "objective": "links", "translation": "train",
-                   "shift": False}
+                   "shift": False, "feed_forward": False, "dropout": 0.0}
 # The same for model.* keys: a checkpoint's model fingerprint leaves them out while they have these values.
 ADDED_MODEL = {"scale_embeddings": True, "output_bias": False}
 

@@ -84,15 +84,17 @@ def _same_translation(a: dict, b: dict) -> None:
     assert not differ, differ[:5]
 
 
-@pytest.mark.parametrize("alignment", [
-    {"module": "layer", "layer": 2},
-    {"module": "layer", "layer": 1, "objective": "predict", "full_context": True},
+@pytest.mark.parametrize("name, alignment", [
+    ("causal", {"module": "layer", "layer": 2}),
+    ("predict", {"module": "layer", "layer": 1, "objective": "predict", "full_context": True}),
+    ("deep", {"module": "layer", "layer": 1, "shift": True, "feed_forward": True, "dropout": 0.3}),
 ])
-def test_the_translation_learns_bit_for_bit_as_without_the_layer(runs, alignment):
-    """Oracle: 12 steps with dropout, a validation halfway, clipping that binds, the translation's weights
-    exactly those of the same 12 steps without the layer; the layer's own weights moved."""
+def test_the_translation_learns_bit_for_bit_as_without_the_layer(runs, name, alignment):
+    """Oracle: 12 steps with dropout (the translation's, and the layer's own in ``deep``), a validation
+    halfway, clipping that binds, the translation's weights exactly those of the same 12 steps without the
+    layer; the layer's own weights moved."""
     short = {"max_steps": 12, "eval_every": 6, "save_every": 12}
-    name = f"short_{alignment['layer']}"
+    name = f"short_{name}"
     plain = _train(runs["root"], f"{name}_plain", runs["plain"], **short)
     with_layer = _train(runs["root"], name, runs["plain"], **short, alignment=alignment)
     a, b = _weights(plain), _weights(with_layer)
@@ -138,6 +140,29 @@ def test_a_shifted_layer_reads_each_piece_s_query_one_position_later():
     assert not torch.allclose(found, plain(states, memory, src_mask)[0])
 
 
+def test_a_feed_forward_layer_s_shifted_query_reads_both_states_and_its_dropout_only_in_training():
+    """``feed_forward`` with ``shift``: piece t's weights move with the state at t (where it is predicted)
+    and at t + 1 (where it is the input), and no others; the plain shifted layer's only with the one at
+    t + 1. ``dropout`` draws in training alone: in eval mode two passes agree and leave the generator be."""
+    torch.manual_seed(0)
+    deep = AlignmentLayer(16, 0, False, False, shift=True, feed_forward=True, dropout=0.5).eval()
+    plain = AlignmentLayer(16, 0, False, False, shift=True).eval()
+    assert {"query_here.weight", "query_block.0.weight", "key_block.3.weight"} <= set(deep.state_dict())
+    states, memory = torch.randn(1, 5, 16), torch.randn(1, 4, 16)
+    src_mask = torch.ones(1, 4, dtype=torch.bool)
+    nudged = states.clone()
+    nudged[0, 2] += 1.0  # the state at position 2
+    for layer, rows in ((deep, {1, 2}), (plain, {1})):
+        before, after = layer(states, memory, src_mask)[0][0, 0], layer(nudged, memory, src_mask)[0][0, 0]
+        moved = {t for t in range(4) if not torch.allclose(before[t], after[t])}  # the last row: EOS's
+        assert moved == rows, (layer.feed_forward, moved)
+    drawn = torch.get_rng_state()
+    assert torch.equal(deep(states, memory, src_mask)[0], deep(states, memory, src_mask)[0])
+    assert torch.equal(torch.get_rng_state(), drawn)
+    deep.train()
+    assert not torch.equal(deep(states, memory, src_mask)[0], deep(states, memory, src_mask)[0])
+
+
 def test_the_layer_aligns_the_toy_gold_and_align_reads_it_by_default(runs):
     data = runs["data"]
     pair = ("--src", data / "test.en", "--tgt", data / "test.de", "--gold", data / "test.align", "--json")
@@ -177,6 +202,9 @@ def test_a_layer_added_with_the_translation_frozen_translates_bit_for_bit_as_bef
      "train.alignment.path: objective predict"),
     ({"module": "layer", "lstm": True}, "train.alignment.module: layer needs model.arch transformer"),
     ({"shift": True}, "train.alignment.shift: True is the alignment layer's"),
+    ({"feed_forward": True}, "train.alignment.feed_forward: True is the alignment layer's"),
+    ({"dropout": 0.1}, "train.alignment.dropout: 0.1 is the alignment layer's"),
+    ({"module": "layer", "dropout": 1.0}, "train.alignment.dropout"),
     ({"module": "layer", "shift": True, "objective": "predict"},
      "train.alignment.shift: true does not go with objective predict"),
     ({"module": "layer", "shift": True, "full_context": True},
