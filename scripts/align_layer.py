@@ -186,8 +186,8 @@ def build_parser() -> ScriptParser:
     ap.add_argument("--steps", type=Number(int, low=1), default=1000, help="optimizer steps of each layer")
     ap.add_argument("--full-context", action="store_true", help="queries from a pass that sees the whole "
                     "target")
-    ap.add_argument("--shift", action="store_true", help="the links layer's query for a piece is the decoder's "
-                    "state where that piece is the input (train.alignment.shift; not the predicting layer)")
+    ap.add_argument("--shift", action="store_true", help="the links layer's query for a piece is the "
+                    "decoder's state where that piece is the input (train.alignment.shift; not predict's)")
     ap.add_argument("--src", type=InputFile(), help="held-out sources to score on")
     ap.add_argument("--tgt", type=InputFile(), help="their targets")
     ap.add_argument("--gold", type=InputFile(), help="their reference links (Pharaoh)")

@@ -314,8 +314,9 @@ class AlignmentLayer(nn.Module):
         if feed_forward:
             if shift:  # the state where piece t is predicted, beside the one where it is the input
                 self.query_here = nn.Linear(d_model, d_model)
+            wide = 2 * d_model
             self.query_block, self.key_block = (nn.Sequential(
-                nn.Linear(d_model, 2 * d_model), nn.GELU(), nn.Dropout(dropout), nn.Linear(2 * d_model, d_model))
+                nn.Linear(d_model, wide), nn.GELU(), nn.Dropout(dropout), nn.Linear(wide, d_model))
                 for _ in range(2))
 
     def forward(self, states: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from ..errors import ResourceError, is_out_of_memory
 
@@ -92,6 +93,25 @@ def check_fits(model: torch.nn.Module, where: Path | str, device: str | torch.de
                         "large for this machine, whatever the batch")
 
 
+# nn.init's fillers and the tensor methods they end in: on the meta device there is nothing to fill.
+FILLERS = frozenset({"normal_", "uniform_", "trunc_normal_", "kaiming_uniform_", "kaiming_normal_",
+                     "xavier_uniform_", "xavier_normal_", "orthogonal_", "constant_", "ones_", "zeros_",
+                     "fill_", "zero_", "eye_", "dirac_", "sparse_"})
+
+
+class _ShapesOnly(TorchFunctionMode):
+    """Inside ``torch.device("meta")``: initialisers leave meta tensors as they are. Filling one does
+    nothing anyway, but ``normal_`` gets there through a reference implementation whose first call imports
+    torch._dynamo: a second of CPU in every command that loads a model. The mode is this thread's alone."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        filled = args[0] if args else kwargs.get("tensor")  # nn.init hands its tensor on by keyword
+        if getattr(func, "__name__", None) in FILLERS and isinstance(filled, torch.Tensor) and filled.is_meta:
+            return filled
+        return func(*args, **kwargs)
+
+
 def build_within_memory(build: Callable[[], torch.nn.Module], where: Path | str,
                         device: str | torch.device = "cpu") -> torch.nn.Module:
     """``build()`` on the CPU, after ``check_fits`` on the meta device (for the CPU, and for ``device``
@@ -112,7 +132,7 @@ def fits_in_memory(build: Callable[[], torch.nn.Module], where: Path | str,
     """``check_fits`` of what ``build()`` makes on the meta device, for the CPU and for ``device``; returns
     it. A model its config cannot make (ValueError) is left to the real build to say: None."""
     try:
-        with torch.device("meta"):
+        with torch.device("meta"), _ShapesOnly():
             shapes = build()
     except ValueError:
         return None

@@ -59,9 +59,10 @@ class Positions(nn.Module):
             self.table = nn.Embedding(max_positions, d_model)
             nn.init.normal_(self.table.weight, std=d_model**-0.5)
         else:
-            # Not persistent: it is a function of the config, not a weight, so checkpoints skip it.
-            self.register_buffer("table", SINUSOIDS[kind](torch.arange(max_positions), d_model),
-                                 persistent=False)
+            # Not persistent: a function of the config, not a weight. On the meta device: its shape alone.
+            table = torch.arange(max_positions)
+            table = torch.empty(max_positions, d_model) if table.is_meta else SINUSOIDS[kind](table, d_model)
+            self.register_buffer("table", table, persistent=False)
 
     def forward(self, start: int, length: int, device: torch.device) -> torch.Tensor:
         """Encodings of positions start .. start + length - 1: (L, D)."""
@@ -376,8 +377,7 @@ class TransformerModel(nn.Module):
                                 pos=0)
 
     def step(self, tokens: torch.Tensor, state: TransformerState, need_attention: bool = False):
-        """tokens (N,) -> (logits (N, V), new state, head-averaged last-layer cross-attention (N, S) or
-        None)."""
+        """tokens (N,) -> (logits (N, V), new state, last layer's mean cross weights (N, S) or None)."""
         pos, cache, filled = state.pos, state.self_kv, state.filled.check()
         capacity = cache[0][0].size(2)
         # Fresh buffers when another step wrote past this state, when there is no room left, or when
