@@ -51,7 +51,7 @@ def ordered_map(fn: Callable[[In], Out], items: Iterable[In], workers: int, inli
     try:
         pending: deque = deque()
         for item in itertools.chain(head, items):
-            pending.append(pool.submit(fn, item))
+            pending.append(_submit(pool, fn, item))
             if len(pending) >= 2 * workers:
                 yield _result(pending.popleft())
         while pending:
@@ -60,12 +60,24 @@ def ordered_map(fn: Callable[[In], Out], items: Iterable[In], workers: int, inli
         pool.shutdown(wait=True, cancel_futures=True)
 
 
+DIED = ("a worker process died (killed for memory, or it could not start); run again with fewer workers "
+        "(--workers)")
+
+
+def _submit(pool: ProcessPoolExecutor, fn: Callable, item) -> Future:
+    """``pool.submit``; a pool that a worker's death broke before this task is the same ResourceError as a
+    task it broke."""
+    try:
+        return pool.submit(fn, item)
+    except BrokenProcessPool:
+        raise ResourceError(DIED) from None
+
+
 def _result(future: Future):
     try:
         return future.result()
     except BrokenProcessPool:
-        raise ResourceError("a worker process died (killed for memory, or it could not start); run again "
-                            "with fewer workers (--workers)") from None
+        raise ResourceError(DIED) from None
 
 
 def chunked(items: Iterable[In], size: int) -> Iterator[list[In]]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import time
 
 import pytest
 
@@ -50,6 +51,33 @@ def test_results_come_in_order_and_the_initializer_runs_in_each_worker():
 def test_a_worker_that_dies_is_an_error_not_a_hang():
     with pytest.raises(ResourceError, match="a worker process died"):
         list(ordered_map(_dies_at_three, range(8), workers=2, inline=0))
+
+
+def _dies_saying_so(item: tuple[int, str]) -> int:
+    x, marker = item
+    if x == 0:
+        with open(marker, "w") as f:
+            f.write("dying\n")
+        os._exit(1)
+    return x
+
+
+def test_a_worker_that_died_before_the_next_task_is_the_same_error(tmp_path):
+    """The pool broken while the stream waits for its next item: that item's submission is refused
+    (BrokenProcessPool from ``submit``, not from a result) and is the same one error."""
+    marker = tmp_path / "died"
+
+    def stream():
+        yield 0, str(marker)
+        for _ in range(600):  # the worker says it dies; the pool sees it a moment later
+            if marker.exists():
+                break
+            time.sleep(0.05)
+        time.sleep(1.0)
+        yield from ((x, str(marker)) for x in range(1, 8))
+
+    with pytest.raises(ResourceError, match="a worker process died"):
+        list(ordered_map(_dies_saying_so, stream(), workers=2, inline=0))
 
 
 def test_a_worker_that_cannot_start_is_an_error_not_a_hang():
