@@ -316,7 +316,7 @@ class AlignmentLayer(nn.Module):
                 self.query_here = nn.Linear(d_model, d_model)
             wide = 2 * d_model
             self.query_block, self.key_block = (nn.Sequential(
-                nn.Linear(d_model, wide), nn.GELU(), nn.Dropout(dropout), nn.Linear(wide, d_model))
+                nn.Linear(d_model, wide), nn.GELU(), self.dropout, nn.Linear(wide, d_model))
                 for _ in range(2))
 
     def forward(self, states: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
