@@ -62,7 +62,7 @@ def attribute(
         sources, targets = sources[:limit], (targets[:limit] if targets is not None else None)
     if not sources:
         raise DataError(f"{src}: no sentences to attribute")
-    translator, cfg, checkpoint = open_for_attention(model, device, beam_size)
+    translator, cfg, checkpoint = open_for_attention(model, device, beam_size, int8=False)
     started = time.perf_counter()
     with FileProgress(len(sources), "attributing") as progress:
         done = attribute_corpus(translator, sources, targets, method.value, steps, progress.advance, workers)

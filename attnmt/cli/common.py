@@ -55,6 +55,19 @@ def write_output(output: Path | None, text: str) -> None:
         sys.stdout.write(text)
 
 
+def _preparer(int8: bool | None, cfg, device, path: Path):
+    """How a loaded model is made ready to decode: int8 linear layers (``int8``, or None and the model's
+    ``decode.quantize: int8``), or the CPU fast path."""
+    from ..decoding import fastpath, quantize
+
+    if not (int8 if int8 is not None else cfg.decode.quantize == "int8"):
+        return fastpath.apply
+    if device.type != "cpu":
+        raise ConfigError(f"--int8 (or {path}'s decode.quantize: int8) runs on the CPU; this command would "
+                          f"decode on {device.type} (--device cpu)")
+    return quantize.quantize_int8
+
+
 def open_translator(model_path: Path, device: Device = Device.auto, overrides: DecodeOverrides | None = None,
                     *, ensemble: list[Path] | None = None, exports: bool = True):
     """Load MODEL for decoding: (Translator, config, checkpoint path). Decode settings are the model's
@@ -65,7 +78,6 @@ def open_translator(model_path: Path, device: Device = Device.auto, overrides: D
     (else a CheckpointError), averaged step by step with MODEL (``models.Ensemble``); MODEL's decode
     settings apply. A folder ``attnmt export`` wrote decodes through CTranslate2 (``open_export``) unless
     ``exports`` is False (commands that read the attention: a CheckpointError then)."""
-    from ..decoding import fastpath
     from ..decoding.translator import DecodeOverrides, Translator
     from ..models import checkpoint
     from ..training.distributed import choose_device
@@ -77,9 +89,13 @@ def open_translator(model_path: Path, device: Device = Device.auto, overrides: D
     from ..decoding.ctranslate import is_export
 
     if is_export(model_path) and exports:
+        if overrides.int8:
+            raise ConfigError(f"--int8: {model_path} is a CTranslate2 export, which decodes at the precision "
+                              "it was exported with (attnmt export --quantization int8)")
         return open_export(model_path, dev, overrides, ensemble)
     model, tokenizer, cfg, path = checkpoint.load_model(model_path, dev)
-    fastpath.apply(model)
+    prepare = _preparer(overrides.int8, cfg, dev, path)
+    prepare(model)
     if ensemble:
         from ..errors import CheckpointError
         from ..models import Ensemble
@@ -90,7 +106,7 @@ def open_translator(model_path: Path, device: Device = Device.auto, overrides: D
             if member_tokenizer.fingerprint() != tokenizer.fingerprint():
                 raise CheckpointError(f"--ensemble {member_path}: its tokenizer is not {path}'s; an ensemble "
                                       "averages the same pieces, so its models must share one tokenizer")
-            fastpath.apply(member)
+            prepare(member)
             members.append(member)
         model = Ensemble(members).eval()
     decode = overrides.apply(cfg.decode, tokenizer.tgt_vocab_size)
@@ -99,12 +115,14 @@ def open_translator(model_path: Path, device: Device = Device.auto, overrides: D
     return translator, cfg, path
 
 
-def open_for_attention(model_path: Path, device: Device, beam_size: int | None):
+def open_for_attention(model_path: Path, device: Device, beam_size: int | None, int8: bool | None = None):
     """``open_translator`` for the commands that read the attention (plot, align, attribute, heads): the
-    model's decode settings but the beam, and a CTranslate2 export refused (it has no attention to read)."""
+    model's decode settings but the beam, and a CTranslate2 export refused (it has no attention to read).
+    ``int8`` as ``DecodeOverrides.int8`` (False: the float model whatever the config says, for the commands
+    that take gradients or compare against the float model)."""
     from ..decoding.translator import DecodeOverrides
 
-    return open_translator(model_path, device, DecodeOverrides(beam_size), exports=False)
+    return open_translator(model_path, device, DecodeOverrides(beam_size, int8=int8), exports=False)
 
 
 def open_export(folder: Path, dev, overrides: DecodeOverrides, ensemble: list[Path] | None):

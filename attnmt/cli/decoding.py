@@ -20,6 +20,7 @@ from .options import (
     BeamOpt,
     DeviceOpt,
     InputOpt,
+    Int8Opt,
     LengthPenaltyOpt,
     MaxTokensOpt,
     Metrics,
@@ -80,6 +81,7 @@ def translate(
                                                      show_default=False)] = None,
     tgt_lang: TgtLangOpt = None,
     markup: MarkupOpt = False,
+    int8: Int8Opt = False,
     device: DeviceOpt = "auto",
 ) -> None:
     """Translate sentences, a file or stdin; one output line per input line, in input order.
@@ -96,7 +98,8 @@ def translate(
     lines, prefixes, phrases = _controls(lines, count, prefix, constraints, draw is not None,
                                          stdin_input=not sentences and (input_ is None or str(input_) == "-"))
     lines, tags = _Tags.read(lines, model, sentences, input_) if markup else (lines, None)
-    overrides = DecodeOverrides(beam_size, nbest, length_penalty, max_tokens, draw, tgt_lang=tgt_lang)
+    overrides = DecodeOverrides(beam_size, nbest, length_penalty, max_tokens, draw, tgt_lang=tgt_lang,
+                                int8=int8 or None)
     translator, cfg, checkpoint = open_translator(model, device, overrides, ensemble=ensemble)
     with FileProgress(total, "translating", show=input_ is not None and str(input_) != "-") as progress:
         chunks = translator.translate_stream(lines, CHUNK_LINES, prefixes, scores is not None, phrases)
@@ -317,6 +320,7 @@ def eval_(
     beam_size: BeamOpt = None,
     max_tokens: MaxTokensOpt = None,
     length_penalty: LengthPenaltyOpt = None,
+    int8: Int8Opt = False,
     device: DeviceOpt = "auto",
 ) -> None:
     """Score translations with sacrebleu: translate --src with MODEL, or score --hyp; against --ref."""
@@ -339,7 +343,8 @@ def eval_(
     else:
         from ..decoding.translator import DecodeOverrides
 
-        overrides = DecodeOverrides(beam_size, 1, length_penalty, max_tokens, tgt_lang=tgt_lang)
+        overrides = DecodeOverrides(beam_size, 1, length_penalty, max_tokens, tgt_lang=tgt_lang,
+                                    int8=int8 or None)
         translator, cfg, _ = open_translator(model, device, overrides, ensemble=ensemble)
         lang = tgt_lang or cfg.data.tgt_lang
         bleu_tokenize(lang, bleu)  # a scorer that cannot run is refused before the translating
@@ -374,6 +379,7 @@ def score(
     max_tokens: MaxTokensOpt = None,
     length_penalty: LengthPenaltyOpt = None,
     tgt_lang: TgtLangOpt = None,
+    int8: Int8Opt = False,
     device: DeviceOpt = "auto",
 ) -> None:
     """The model's log-probability of each given translation, under teacher forcing, in input order.
@@ -389,7 +395,7 @@ def score(
     sources, targets = read_pairs(src, tgt)
     from ..decoding.translator import DecodeOverrides
 
-    overrides = DecodeOverrides(None, 1, length_penalty, max_tokens, tgt_lang=tgt_lang)
+    overrides = DecodeOverrides(None, 1, length_penalty, max_tokens, tgt_lang=tgt_lang, int8=int8 or None)
     translator, _, _ = open_translator(model, device, overrides)
     with FileProgress(len(sources), "scoring") as progress:
         lines = _scored_lines(translator, sources, targets, json_, words, progress)

@@ -66,7 +66,7 @@ def heads(
 
     sources, targets = _read(src, tgt, limit, sentence)
     started = time.perf_counter()
-    translator, cfg, checkpoint = open_for_attention(model, device, beam_size)
+    translator, cfg, checkpoint = open_for_attention(model, device, beam_size, int8=False)
     ids = head_ids(translator.model)  # a ConfigError for anything but a Transformer
     pairs = model_pairs(translator, sources, targets)  # without --tgt: the model's own translations
     if sentence - 1 not in pairs.lines:

@@ -32,6 +32,7 @@ from .options import (
     FormatOpt,
     Heads,
     InputOpt,
+    Int8Opt,
     Layer,
     ModelArg,
     StepsOpt,
@@ -54,7 +55,7 @@ def plot(model: ModelArg, sentences: opt.Sentences = None, input_: InputOpt = No
          gold: opt.PlotGold = None, one_based: opt.PlotOneBased = False, layer: opt.PlotLayer = None,
          head: opt.PlotHead = None, self_: opt.SelfAttention = False, rollout: opt.Rollout = False,
          flow: opt.Flow = False, flow_budget: opt.FlowBudget = None, words: opt.PlotWords = False,
-         fmt: FormatOpt = "png", dpi: DpiOpt = 100, beam_size: BeamOpt = None,
+         fmt: FormatOpt = "png", dpi: DpiOpt = 100, beam_size: BeamOpt = None, int8: Int8Opt = False,
          device: DeviceOpt = "auto") -> None:
     """Translate sentences, then draw the model's attention on each sentence and its translation.
 
@@ -82,7 +83,7 @@ def plot(model: ModelArg, sentences: opt.Sentences = None, input_: InputOpt = No
     if flow_budget is not None and not flow:
         raise ConfigError("--flow-budget is read with --flow only: it bounds the time flow may take")
     lines = sentences_or_input(sentences, input_)
-    translator, cfg, checkpoint = open_for_attention(model, device, beam_size)
+    translator, cfg, checkpoint = open_for_attention(model, device, beam_size, int8 or None)
     n_layers, n_heads = attention_layout(cfg.model)
     for flag, given in (("--self", self_), *((f"--{name}", True) for name in relevance)):
         if given and "enc_self" not in n_layers:
@@ -187,9 +188,9 @@ def _check_flow_time(translator, cfg, sources: list[str], targets: list[str] | N
         "or give fewer or shorter sentences")
 
 
-def _reverse_model(model: Path, cfg, reverse: Path, device, beam_size):
+def _reverse_model(model: Path, cfg, reverse: Path, device, beam_size, int8: bool | None):
     """``align --reverse``: the reverse model and its config, checked to translate the other way."""
-    back, back_cfg, back_checkpoint = open_for_attention(reverse, device, beam_size)
+    back, back_cfg, back_checkpoint = open_for_attention(reverse, device, beam_size, int8)
     forward_pair = (cfg.data.src_lang, cfg.data.tgt_lang)
     backward_pair = (back_cfg.data.src_lang, back_cfg.data.tgt_lang)
     if backward_pair != forward_pair[::-1]:
@@ -236,7 +237,7 @@ def align(model: ModelArg, src: opt.Src, tgt: opt.AlignTgt = None, gold: opt.Ali
           one_based: opt.AlignOneBased = False, output: opt.AlignOutput = None, hyp_out: opt.HypOut = None,
           json_: opt.ScoresJson = False, calibrate_: opt.Calibrate = None, from_: opt.From = "attention",
           full_context: opt.FullContext = None, one_way: opt.OneWay = False, steps: StepsOpt = 64,
-          beam_size: BeamOpt = None, device: DeviceOpt = "auto") -> None:
+          beam_size: BeamOpt = None, int8: Int8Opt = False, device: DeviceOpt = "auto") -> None:
     """Word alignments from cross-attention under teacher forcing, in Pharaoh format (one line per pair).
 
     Words are the space-separated tokens of each line; the attention over a word's pieces is merged
@@ -265,7 +266,7 @@ def align(model: ModelArg, src: opt.Src, tgt: opt.AlignTgt = None, gold: opt.Ali
                                calibrate_))
     sources, targets = read_pairs(src, tgt)
     gold_links = read_gold(gold, len(sources), src, one_based) if gold is not None else None
-    translator, cfg, checkpoint = open_for_attention(model, device, beam_size)
+    translator, cfg, checkpoint = open_for_attention(model, device, beam_size, int8 or None)
     reading = {"shift": shift, "method": method.value, "threshold": threshold,
                "symmetrize": (symmetrize_ or Symmetrization.grow_diag_final_and).value,
                "words": word_rule.value, "source": from_.value, "steps": steps}
@@ -275,7 +276,8 @@ def align(model: ModelArg, src: opt.Src, tgt: opt.AlignTgt = None, gold: opt.Ali
         return _calibrate(translator, cfg, checkpoint, sources, targets, calibrate_, src, one_based, reading)
     given = (layer, heads)  # each model read with its own defaults where these are None
     layer, heads, options = model_reading(cfg, *given, "", checkpoint, **reading)
-    back, back_options = _reverse_reading(model, cfg, reverse, device, beam_size, reading, *given)
+    back, back_options = _reverse_reading(model, cfg, reverse, device, beam_size, reading, *given,
+                                          int8=int8 or None)
     if named is not None:
         sys.stderr.write(f"aligning both ways, with the reverse model {named} (reverse.json; --one-way for "
                          "one direction)\n")
@@ -292,12 +294,12 @@ def align(model: ModelArg, src: opt.Src, tgt: opt.AlignTgt = None, gold: opt.Ali
 
 
 def _reverse_reading(model: Path, cfg, reverse: Path | None, device, beam_size, reading: dict,
-                     layer: Layer | None, heads: Heads | None):
+                     layer: Layer | None, heads: Heads | None, int8: bool | None = None):
     """``align --reverse``: the reverse model and how it is read (``layer`` and ``heads`` as given, its own
     defaults where they are None: a guided model at its taught head); (None, None) without it."""
     if reverse is None:
         return None, None
-    back, back_cfg, back_checkpoint = _reverse_model(model, cfg, reverse, device, beam_size)
+    back, back_cfg, back_checkpoint = _reverse_model(model, cfg, reverse, device, beam_size, int8)
     return back, model_reading(back_cfg, layer, heads, "--reverse ", back_checkpoint, **reading)[2]
 
 

@@ -13,6 +13,7 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -22,7 +23,7 @@ from ..config.choices import Device
 from ..errors import ConfigError, ResourceError
 from .app import command
 from .common import open_translator
-from .options import DeviceOpt, ModelArg
+from .options import DeviceOpt, Int8Opt, ModelArg
 
 EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
 # The bulk lane's decoder's niceness: beside the interactive decoder it waits anyway (it pauses before each
@@ -80,6 +81,7 @@ def serve(
                                          "to finish the requests in flight (then exit 143 / 130).")] = 30.0,
     check: Annotated[bool, typer.Option("--check", help="Load the model, bind the port, print what "
                                         "would be served, and exit.")] = False,
+    int8: Int8Opt = False,
     device: DeviceOpt = "auto",
 ) -> None:
     """Serve MODEL over HTTP: POST /translate and /attention, GET /health, /info, the page at / and the
@@ -89,14 +91,19 @@ def serve(
     if not all(math.isfinite(x) for x in (max_wait_ms, grace, max_request_seconds, max_queue_seconds)):
         raise ConfigError("--max-wait-ms, --grace, --max-request-seconds and --max-queue-seconds take finite "
                           "numbers")
-    translator, cfg, path = open_translator(model, device)
+    from ..decoding.translator import DecodeOverrides
+
+    overrides = DecodeOverrides(int8=int8 or None)
+    translator, cfg, path = open_translator(model, device, overrides)
+    # each decoder process loads the model as this one did
+    opener = functools.partial(open_translator, path, Device(translator.device.type), overrides)
     limits = _limits(translator, max_sentences, max_chars, max_beam, max_phrases, max_request_seconds,
                      bulk_above, max_queue_seconds)
     sock = _bind(host, port)
     try:
         threads = threads if threads is not None else len(os.sched_getaffinity(0))
-        code = _run(sock, translator, cfg, path, (max_batch_tokens, max_wait_ms / 1000, threads), limits,
-                    grace, check)
+        code = _run(sock, translator, cfg, (path, opener), (max_batch_tokens, max_wait_ms / 1000, threads),
+                    limits, grace, check)
     finally:
         sock.close()
     if code:
@@ -144,21 +151,26 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 def _describe(translator, cfg, path: Path) -> dict:
+    from ..decoding.quantize import parameter_count, quantized
+
     model = translator.model
-    parameters = sum(p.numel() for p in model.parameters()) if model is not None else None
+    parameters = parameter_count(model) if model is not None else None
     return {"model": str(path), "arch": cfg.model.arch if model is not None else "ctranslate2",
             "src_lang": cfg.data.src_lang, "tgt_lang": cfg.data.tgt_lang,
             "tgt_langs": cfg.data.target_languages(), "parameters": parameters,
             "attention": model is not None, "device": str(translator.device),
-            "decode": translator.decode.model_dump(mode="json")}
+            "decode": translator.decode.model_dump(mode="json"),
+            "quantize": "int8" if model is not None and quantized(model) else "none"}
 
 
-def _run(sock, translator, cfg, path: Path, batching: tuple[int, float, int], limits, grace: float,
-         check: bool) -> int:
-    """Serve until a signal; the exit code: 0, or 130 / 143 when requests in flight were cut.
-    ``batching``: the budget in pieces, the wait in seconds and the decoders' intra-op threads."""
+def _run(sock, translator, cfg, model: tuple[Path, Callable], batching: tuple[int, float, int], limits,
+         grace: float, check: bool) -> int:
+    """Serve until a signal; the exit code: 0, or 130 / 143 when requests in flight were cut. ``model``:
+    the checkpoint's path and how a decoder process opens it (``open_translator`` with this command's
+    overrides); ``batching``: the budget in pieces, the wait in seconds and the decoders' intra-op threads."""
     import uvicorn
 
+    path, opener = model
     from ..serve.api import AccessLog, Served, page_html
     from ..serve.server import create_app, json_error_h11
 
@@ -172,7 +184,7 @@ def _run(sock, translator, cfg, path: Path, batching: tuple[int, float, int], li
     for heavy in ("model", "engine"):  # the decoders load their own; this one reads settings and pieces
         if hasattr(translator, heavy):
             setattr(translator, heavy, None)
-    lanes, decoders = _lanes(translator, path, batching, limits)
+    lanes, decoders = _lanes(translator, opener, batching, limits)
     access = AccessLog()
     served = Served(translator, path, info, access.write, limits, data=cfg.data)
     drained = True
@@ -209,7 +221,7 @@ def _run(sock, translator, cfg, path: Path, batching: tuple[int, float, int], li
     os._exit(EXIT[server.stopped_by])
 
 
-def _lanes(translator, path: Path, batching: tuple[int, float, int], limits) -> tuple:
+def _lanes(translator, opener: Callable, batching: tuple[int, float, int], limits) -> tuple:
     """The interactive lane and, with ``limits.bulk_above``, the bulk lane: each a decoder process and a
     batcher over it, the bulk one waiting before each step while the interactive one works, at a lower
     priority (``BULK_NICE``), its threads waiting passively; both decoders load the model at once. Each
@@ -217,7 +229,6 @@ def _lanes(translator, path: Path, batching: tuple[int, float, int], limits) -> 
     from ..serve.batcher import Batcher, Lane, Lanes
     from ..serve.decoder_process import PROBE, DecoderProcess
 
-    opener = functools.partial(open_translator, path, Device(translator.device.type))
     decoders = {"interactive": DecoderProcess(opener, batching[2], budget=limits.max_seconds,
                                               busy=DecoderProcess.flag() if limits.bulk_above else None)}
     if limits.bulk_above:

@@ -97,9 +97,8 @@ class TrainConfig(Section):
     """Where to train: ``auto`` takes CUDA when the machine has it, else the CPU; ``cuda`` without CUDA is
     refused before the run starts."""
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
-    """Autocast dtype of training and validation, with fp32 master weights: ``bf16`` on CUDA or on a CPU
-    with native bf16 (AVX-512 BF16, AMX), ``fp16`` on CUDA only (adds a gradient scaler); ``auto`` is bf16 on
-    CUDA and on a CPU with native bf16, fp32 on any other CPU."""
+    """Autocast dtype of training and validation, fp32 master weights: ``bf16`` (CUDA, or a CPU with native
+    bf16: AVX-512 BF16, AMX), ``fp16`` (CUDA only; a gradient scaler); ``auto``: bf16 there, else fp32."""
     compile: Bool = False
     """Run the training forward pass through ``torch.compile``: minutes of compiling first (117 s for the
     Multi30k Transformer in bf16 on a CPU, then a gain within the noise); off in the recipes."""
@@ -204,13 +203,12 @@ class TrainConfig(Section):
 
 class DecodeConfig(Section):
     """How a model translates by default (``translate``, ``eval``, ``serve``, validation); options of the
-    commands (``--beam-size``, ``--length-penalty``, ``--max-tokens``) override it."""
+    commands (``--beam-size``, ``--length-penalty``, ``--max-tokens``, ``--int8``) override it."""
 
     beam_size: PositiveInt = 5
     """Beam search's width; 1 = greedy. Validation uses ``train.valid_beam_size`` instead."""
     nbest: PositiveInt = 1
-    """Checked at load (at most beam_size), but the outputs per sentence come from ``translate --nbest``
-    or a server request's ``nbest`` (default 1)."""
+    """At most beam_size; outputs per sentence come from ``translate --nbest`` or a request's ``nbest``."""
     length_penalty: Annotated[float, Field(strict=True, ge=0.0, le=10.0, allow_inf_nan=False)] = 0.6
     """GNMT alpha (Wu et al. 2016, eq. 14; tuned there in [0.2, 1]); 0 = plain log-probability."""
     min_len: Annotated[int, Field(strict=True, ge=0)] = 0
@@ -223,6 +221,8 @@ class DecodeConfig(Section):
     """A longer source is cut to this many pieces (``translate`` reports how many were)."""
     max_tokens: PositiveInt = 8000
     """Batch budget of translation and validation: padded source pieces x beam rows (or samples)."""
+    quantize: Literal["none", "int8"] = "none"
+    """``int8``: translate, eval, score with int8 linear layers (``--int8``; CPU); validation stays float."""
 
     @model_validator(mode="after")
     def _nbest_fits(self) -> DecodeConfig:

@@ -87,6 +87,8 @@ class DecodeOverrides:
     sampling: Sampling | None = None
     spelling: str = "cli"
     tgt_lang: str | None = None  # a multilingual model's target language (``DataConfig.prefix_for``)
+    # int8 linear layers (``quantize.py``): True / False whatever ``decode.quantize`` says, None as it says
+    int8: bool | None = None
 
     def named(self, field_name: str) -> str:
         return "--" + field_name.replace("_", "-") if self.spelling == "cli" else field_name

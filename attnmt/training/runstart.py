@@ -5,7 +5,6 @@ of the training pairs, and the subword sampler of the training pairs. ``train.Tr
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
 import torch
@@ -19,6 +18,7 @@ from ..data.readers import describe_source
 from ..data.subword_sampling import SubwordSampler, longest_sampled
 from ..data.tokenizer import Tokenizer, folder_sha256, load_tokenizer, recorded_sha256
 from ..errors import CheckpointError, ConfigError, DataError
+from ..machine import cpu_flags
 from ..models.checkpoint import diff_dicts, load_model, recorded_tokenizer
 from ..runfiles import RunDir
 from .distributed import choose_device
@@ -46,19 +46,6 @@ def native_bf16() -> bool:
     """Whether this CPU multiplies bf16 natively (AVX-512 BF16 or AMX), read from the kernel's CPU flags
     (``/proc/cpuinfo``); elsewhere, or unreadable, False. Without it bf16 is emulated and slower than fp32."""
     return bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
-
-
-@functools.cache
-def cpu_flags() -> frozenset[str]:
-    """The first processor's flags in ``/proc/cpuinfo`` (Linux), read once; empty where there is none."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
-            for line in handle:
-                if line.startswith("flags"):
-                    return frozenset(line.partition(":")[2].split())
-    except OSError:
-        pass
-    return frozenset()
 
 
 def chosen_precision(precision: str, device: torch.device) -> str:

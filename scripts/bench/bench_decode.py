@@ -236,6 +236,7 @@ def equal_work(runs: int, setup: Setup) -> list[dict]:
 # ------------------------------------------------------------------------ --ct2: CTranslate2 rows
 
 OURS = "attnmt (random weights)"
+OURS_INT8 = "attnmt --int8 (random weights)"
 CT2_RAW = "CTranslate2 {} (raw)"
 CT2_OURS = "attnmt -> CTranslate2 {}"
 CT2_RAW_SORTED = "CTranslate2 {} (raw, the wrapper's batches)"
@@ -430,17 +431,33 @@ def ct2_check(work: Work, tmp: Path, setup: Setup) -> None:
             print(note, flush=True)
 
 
-def ours_pass(work: Work, beam: int, length: int) -> Pass:
-    """attnmt's search on the random weights, every output forced to ``length`` tokens."""
+def int8_model(work: Work):
+    """The random-weight model as ``--int8`` decodes it (``decoding.quantize``), made once per process."""
+    if not hasattr(work, "quantized"):
+        import copy
+
+        from attnmt.decoding.quantize import quantize_int8
+
+        work.quantized = copy.deepcopy(work.model)
+        quantize_int8(work.quantized)
+    return work.quantized
+
+
+def ours_pass(work: Work, beam: int, length: int, int8: bool = False) -> Pass:
+    """attnmt's search on the random weights (with ``int8``: as ``--int8`` decodes them), every output
+    forced to ``length`` tokens."""
     import torch
 
     limits = {"max_len_a": 0.0, "max_len_b": length, "min_len": length}
+    model = int8_model(work) if int8 else work.model
 
     def ours(warm: bool) -> int:
         with torch.inference_mode():
-            return search_pass(work.model, work.batches[:1] if warm else work.batches, beam, **limits)
+            generated = search_pass(model, work.batches[:1] if warm else work.batches, beam, **limits)
+        assert warm or generated == length * len(work.lines), generated  # EOS forced after `length`
+        return generated
 
-    return Pass(OURS, beam, ours)
+    return Pass(OURS_INT8 if int8 else OURS, beam, ours)
 
 
 def run_pass(p: Pass, n: int) -> dict:
@@ -561,19 +578,10 @@ def interleaved(rounds: int, setup: Setup, with_peers: bool = True, ct2: bool = 
     each round too, timed as wall seconds, start-up included."""
     import tempfile
 
-    import torch
 
     work = equal_work_setup(setup)
     n, length, threads, batch_size = len(work.lines), setup.length, setup.threads, setup.batch_size
-    limits = {"max_len_a": 0.0, "max_len_b": length, "min_len": length}
-
-    def ours(warm: bool, beam: int) -> int:
-        with torch.inference_mode():
-            generated = search_pass(work.model, work.batches[:1] if warm else work.batches, beam, **limits)
-        assert warm or generated == length * n, generated  # exactly `length` tokens, EOS forced after
-        return generated
-
-    passes = [Pass(OURS, beam, lambda warm, beam=beam: ours(warm, beam)) for beam in setup.beams]
+    passes = [ours_pass(work, beam, length, int8) for beam in setup.beams for int8 in (False, True)]
     per_round: list[dict[tuple[str, int], dict]] = []
     cli_walls: list[dict[tuple[str, int], float]] = []
     with tempfile.TemporaryDirectory(prefix="attnmt-bench-ct2-") as tmp:
@@ -600,7 +608,7 @@ def interleaved(rounds: int, setup: Setup, with_peers: bool = True, ct2: bool = 
             # --smoke: every pass in one child (its numbers mean nothing; the child's protocol runs)
             for group in [ordered] if ct2 and setup.smoke else [[one] for one in ordered]:
                 if not ct2:
-                    found[group[0]] = run_pass(next(p for p in passes if p.beam == group[0][1]), n)
+                    found[group[0]] = run_pass(next(p for p in passes if (p.engine, p.beam) == group[0]), n)
                     continue
                 checks = ["check"] if setup.smoke and r == 0 else []
                 out = subprocess.run(child_command([*common, "--child", CHILD_SEP.join(
@@ -646,10 +654,13 @@ def interleaved(rounds: int, setup: Setup, with_peers: bool = True, ct2: bool = 
     for beam in setup.beams:
         if with_peers:
             for engine, b in per_round[0]:
-                if b == beam and engine != OURS and not engine.startswith(("CTranslate2 ", "attnmt -> ")):
+                if b == beam and engine != OURS and not engine.startswith(("CTranslate2 ", "attnmt")):
                     ratio_line(per_round, beam, OURS, engine)
+                    if "int8" in engine:
+                        ratio_line(per_round, beam, OURS_INT8, engine)
         if ct2:
             ratio_line(per_round, beam, OURS, CT2_RAW.format("float32"))
+            ratio_line(per_round, beam, OURS_INT8, CT2_RAW.format("int8"))
             ratio_line(per_round, beam, CT2_OURS.format("int8"), CT2_RAW.format("int8"))
             ratio_line(per_round, beam, CT2_OURS.format("float32"), CT2_RAW.format("float32"))
             ratio_line(per_round, beam, CT2_OURS.format("int8"), CT2_RAW_SORTED.format("int8"))
@@ -804,8 +815,8 @@ def main(argv: list[str] | None = None) -> None:
                 ct2_check(work, args.child_dir, setup)
                 continue
             engine, beam = spec.rsplit("@", 1)
-            one = ours_pass(work, int(beam), args.length) if engine == OURS else \
-                ct2_pass(work, args.child_dir, setup, engine, int(beam))
+            one = ours_pass(work, int(beam), args.length, engine == OURS_INT8) \
+                if engine in (OURS, OURS_INT8) else ct2_pass(work, args.child_dir, setup, engine, int(beam))
             print("PASS " + json.dumps(run_pass(one, len(work.lines))), flush=True)
         return
     if args.equal_work and args.against:

@@ -142,6 +142,7 @@ def smoke_runs(w: World, tmp: Path) -> dict[str, list[Run]]:
              "--tokenizer", w.run / "tokenizer", "--limit", 4, "--runs", 1, "--length", 5, "--beams", 1,
              "--quantizations", "int8", "--threads", 1],
             ("speedup", "attnmt -> CTranslate2 int8 / CTranslate2 int8 (raw)",
+             "attnmt --int8 (random weights) / CTranslate2 int8 (raw)",
              "wall seconds, start-up included", "tok/s  median s"))],
         "bench_explorer.py": [Run(
             ["--sentences", 2, "--layers", 1, "--heads", 1, "--loads", 1, "--shortest", 3, "--longest", 5],
