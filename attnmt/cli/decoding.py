@@ -11,13 +11,14 @@ from typing import Annotated
 
 import typer
 
-from ..config.choices import BleuTokenizer, Scores
+from ..config.choices import BleuTokenizer
 from ..errors import ConfigError, ConstraintError, DataError
 from .app import command
 from .common import FileProgress, open_translator, sentences_or_input
 from .contract import Output
 from .options import (
     BeamOpt,
+    ConstraintsOpt,
     DeviceOpt,
     InputOpt,
     Int8Opt,
@@ -26,6 +27,8 @@ from .options import (
     Metrics,
     ModelArg,
     NbestOpt,
+    PrefixOpt,
+    ScoresOpt,
     SentencesArg,
     TgtLangOpt,
 )
@@ -67,18 +70,9 @@ def translate(
     seed: Annotated[int | None, typer.Option("--seed", min=0, max=2**64 - 1, help="With --sampling: the "
                                              "random seed (default 1); the same seed and input give the "
                                              "same samples.", show_default=False)] = None,
-    scores: Annotated[Scores | None, typer.Option("--scores", help="words: one JSON object per input line, "
-                                                  "each output with its score and every word's "
-                                                  "probability (and the end's).",
-                                                  show_default=False)] = None,
-    prefix: Annotated[Path | None, typer.Option("--prefix", help="Target prefixes, one per input line (an "
-                                                "empty line: none): each translation starts with its "
-                                                "line's prefix and goes on from there.",
-                                                show_default=False)] = None,
-    constraints: Annotated[Path | None, typer.Option("--constraints", help="Phrases each translation must "
-                                                     "hold, one input line's per line, tab-separated (an "
-                                                     "empty line: none); beam search makes room for them.",
-                                                     show_default=False)] = None,
+    scores: ScoresOpt = None,
+    prefix: PrefixOpt = None,
+    constraints: ConstraintsOpt = None,
     tgt_lang: TgtLangOpt = None,
     markup: MarkupOpt = False,
     int8: Int8Opt = False,

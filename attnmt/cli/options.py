@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from ..config.choices import METRICS, Device
+from ..config.choices import METRICS, Device, Scores
 from ..insight.link_request import Heads, Layer
 
 __all__ = ["AlignMethod", "AttributionMethod", "Device", "ExportFormat", "FigureFormat", "Heads", "Layer",
@@ -254,3 +254,15 @@ Calibrate = Annotated[Path | None, typer.Option("--calibrate", help="Gold alignm
 From = Annotated[AttributionMethod, typer.Option("--from", help="What links are read from: the "
                                                  "cross-attention, or the source shares of a gradient "
                                                  "attribution or of ALTI+ (see attribute).")]
+
+# translate's controls of each input line's output
+ScoresOpt = Annotated[Scores | None, typer.Option("--scores", help="words: one JSON object per input line, "
+                                                  "each output with its score and every word's "
+                                                  "probability (and the end's).", show_default=False)]
+PrefixOpt = Annotated[Path | None, typer.Option("--prefix", help="Target prefixes, one per input line (an "
+                                                "empty line: none): each translation starts with its "
+                                                "line's prefix and goes on from there.", show_default=False)]
+ConstraintsOpt = Annotated[Path | None, typer.Option("--constraints", help="Phrases each translation must "
+                                                     "hold, one input line's per line, tab-separated (an "
+                                                     "empty line: none); beam search makes room for them.",
+                                                     show_default=False)]

@@ -87,16 +87,8 @@ def serve(
     """Serve MODEL over HTTP: POST /translate and /attention, GET /health, /info, the page at / and the
     API's documentation at /docs. SIGTERM stops accepting, finishes what is in flight and exits 0. Every
     request is checked against the limits (stated in /info) before it is queued."""
-    _needs_the_extra()
-    if not all(math.isfinite(x) for x in (max_wait_ms, grace, max_request_seconds, max_queue_seconds)):
-        raise ConfigError("--max-wait-ms, --grace, --max-request-seconds and --max-queue-seconds take finite "
-                          "numbers")
-    from ..decoding.translator import DecodeOverrides
-
-    overrides = DecodeOverrides(int8=int8 or None)
-    translator, cfg, path = open_translator(model, device, overrides)
-    # each decoder process loads the model as this one did
-    opener = functools.partial(open_translator, path, Device(translator.device.type), overrides)
+    _check_before_loading(max_wait_ms, grace, max_request_seconds, max_queue_seconds)
+    translator, cfg, path, opener = _open(model, device, int8)
     limits = _limits(translator, max_sentences, max_chars, max_beam, max_phrases, max_request_seconds,
                      bulk_above, max_queue_seconds)
     sock = _bind(host, port)
@@ -110,6 +102,17 @@ def serve(
         raise typer.Exit(code)
 
 
+def _open(model: Path, device, int8: bool):
+    """The model opened here (settings, pieces, limits) and how each decoder process opens it the same way
+    (``open_translator`` with the same overrides): (translator, config, checkpoint path, opener)."""
+    from ..decoding.translator import DecodeOverrides
+
+    overrides = DecodeOverrides(int8=int8 or None)
+    translator, cfg, path = open_translator(model, device, overrides)
+    return translator, cfg, path, functools.partial(open_translator, path, Device(translator.device.type),
+                                                    overrides)
+
+
 def _limits(translator, max_sentences: int, max_chars: int, max_beam: int, *rest):
     """The server's ``Limits``, the model's default beam within ``--max-beam``."""
     from ..serve.limits import Limits
@@ -120,7 +123,11 @@ def _limits(translator, max_sentences: int, max_chars: int, max_beam: int, *rest
     return Limits(max_sentences, max_chars, max_beam, *rest)
 
 
-def _needs_the_extra() -> None:
+def _check_before_loading(*finite: float) -> None:
+    """The 'serve' extra installed, and the seconds options (``finite``) finite, before the model loads."""
+    if not all(math.isfinite(x) for x in finite):
+        raise ConfigError("--max-wait-ms, --grace, --max-request-seconds and --max-queue-seconds take finite "
+                          "numbers")
     try:
         import uvicorn  # noqa: F401
 

@@ -1,8 +1,10 @@
-"""Names a user chooses among, shared by the config schema and the command line; this module imports
-nothing, so that ``attnmt --help`` stays fast."""
+"""Names a user chooses among, shared by the config schema and the command line, and the processor's flags
+that an ``auto`` choice reads (``train.precision``, the quantized engine of ``--int8``); this module imports
+nothing heavy, so that ``attnmt --help`` stays fast."""
 
 from __future__ import annotations
 
+import functools
 from enum import Enum
 
 
@@ -51,3 +53,16 @@ class Scores(str, Enum):
     """``translate --scores``: what to print beside each translation."""
 
     words = "words"
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The first processor's flags in ``/proc/cpuinfo`` (Linux), read once; empty where there is none."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                if line.startswith("flags"):
+                    return frozenset(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return frozenset()

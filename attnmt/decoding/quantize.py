@@ -20,7 +20,7 @@ import warnings
 import torch
 from torch import nn
 
-from ..machine import cpu_flags
+from ..config.choices import cpu_flags
 from . import fastpath
 
 MODES = ("none", "int8")

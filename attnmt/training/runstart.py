@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from ..config.choices import cpu_flags
 from ..config.jsonfile import read_json
 from ..config.languages import bleu_tokenizer, missing_extra
 from ..config.schema import Config, load_config
@@ -18,7 +19,6 @@ from ..data.readers import describe_source
 from ..data.subword_sampling import SubwordSampler, longest_sampled
 from ..data.tokenizer import Tokenizer, folder_sha256, load_tokenizer, recorded_sha256
 from ..errors import CheckpointError, ConfigError, DataError
-from ..machine import cpu_flags
 from ..models.checkpoint import diff_dicts, load_model, recorded_tokenizer
 from ..runfiles import RunDir
 from .distributed import choose_device
