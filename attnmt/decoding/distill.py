@@ -106,12 +106,13 @@ def student_config(cfg: Config, folder: Path, keep_original: bool = False,
     return config_from_dict(data, source=source)
 
 
-def distill(teacher: Teacher, data: DataConfig, folder: Path, chunk_lines: int = CHUNK_LINES,
+def distill(teacher: Teacher, data: DataConfig, folder: Path, chunk_lines: int | None = None,
             on_chunk: Callable[[int], None] | None = None) -> list[Distilled]:
     """Translate every training corpus of ``data`` with ``teacher`` into ``folder`` (the module docstring's
-    layout), going on from what an earlier call wrote; ``on_chunk(lines)`` after each chunk written. A
-    ConfigError naming what changed when ``folder`` was started with another teacher, other decode settings
-    or other corpora."""
+    layout), going on from what an earlier call wrote, ``chunk_lines`` (default ``CHUNK_LINES``) at a time;
+    ``on_chunk(lines)`` after each chunk written. A ConfigError naming what changed when ``folder`` was
+    started with another teacher, other decode settings or other corpora."""
+    chunk_lines = chunk_lines or CHUNK_LINES
     record = _record(teacher, data)
     stored = _read_record(folder, data)
     if stored is not None:
