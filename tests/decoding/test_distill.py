@@ -198,6 +198,25 @@ def test_a_moved_run_folder_goes_on(tiny, teacher_run, student_copy, tmp_path):
     assert (moved / "checkpoints" / "step_00000003.pt").is_file()
 
 
+@pytest.mark.parametrize("where, fragment", [
+    ("<teacher run>", "is the same file as TEACHER"),
+    ("<teacher's checkpoint's run>", "this run was prepared with other data"),
+    ("<a project>", "not an attnmt run folder"),
+])
+def test_a_run_folder_that_is_not_the_students_is_refused_untouched(tiny, teacher_run, tmp_path, where,
+                                                                   fragment):
+    run = Path(shutil.copytree(teacher_run, tmp_path / "teacher"))
+    project = tmp_path / "project"
+    (project / "data").mkdir(parents=True)
+    (project / "data" / "mine.txt").write_text("keep\n")
+    teacher = sorted(run.glob("checkpoints/step_*.pt"))[-1] if "checkpoint" in where else run
+    target = project if where == "<a project>" else run
+    before = hash_tree(tmp_path)
+    result = invoke("distill", teacher, tiny.config["transformer"], "--run-dir", target, *STUDENT)
+    expect_error(result, 2, fragment)
+    assert hash_tree(tmp_path) == before
+
+
 def test_a_missing_corpus_file_is_one_line_naming_it(teacher_run, tmp_path):
     config = tmp_path / "student.yaml"
     config.write_text(json.dumps({"data": {"train": {"src": "gone.en", "tgt": "gone.de"}},
