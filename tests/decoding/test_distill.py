@@ -324,3 +324,25 @@ def test_the_student_config_lists_the_distilled_corpora_first_and_keeps_their_se
     both = student_config(cfg, tmp_path, keep_original=True)
     assert [c.format for c in both.data.corpora()] == ["text", "toy"]
     assert both.data.corpora()[1] == cfg.data.train
+
+
+def test_a_multilingual_teacher_is_asked_for_each_corpuss_target_language(multilingual, tmp_path,
+                                                                          monkeypatch):
+    """Oracle: the teacher's translator asked for that language (``translate --tgt-lang``); and the source
+    prefix each chunk went with (the tiny teacher's outputs may all be empty)."""
+    translator, cfg, path = open_translator(multilingual, Device.cpu, DecodeOverrides())
+    translate, prefixes = Translator.translate, []
+
+    def seen(self, chunk, *args, **kwargs):
+        prefixes.append(self.source_prefix)
+        return translate(self, chunk, *args, **kwargs)
+
+    monkeypatch.setattr(Translator, "translate", seen)
+    toy = {"format": "toy", "split": "train", "size": 12}
+    data = DataConfig.model_validate({"src_lang": "en", "tgt_lang": "de", "train": [
+        {**toy, "tgt_lang": "de"}, {**toy, "seed": 2, "lang": "zh", "tgt_lang": "zh"}]})
+    distilled = distill(Teacher(translator, cfg.data, (path,)), data, tmp_path / "distilled")
+    assert prefixes == ["<2de>", "<2zh>"]
+    for corpus, lang in zip(distilled, ("de", "zh"), strict=True):
+        oracle, _, _ = open_translator(multilingual, Device.cpu, DecodeOverrides(tgt_lang=lang))
+        assert lines(corpus.source.tgt) == oracle.best(lines(corpus.source.src))
