@@ -12,7 +12,7 @@ import typer
 
 from .app import command
 from .contract import Output
-from .options import BeamOpt, ConfigArg, DeviceOpt, MaxTokensOpt, ModelArg, RunDirOpt, SetOpt, ToyLanguage
+from .options import BeamOpt, ConfigArg, Device, MaxTokensOpt, ModelArg, RunDirOpt, SetOpt, ToyLanguage
 
 # Pairs per toy split: the task has about two billion sentences, but a toy needs no more than this.
 TOY_MAX = 10_000_000
@@ -122,7 +122,9 @@ def distill(
     max_tokens: MaxTokensOpt = None,
     keep_original: Annotated[bool, typer.Option("--keep-original", help="Train the student on the original "
                                                 "corpora too, after the distilled ones.")] = False,
-    device: DeviceOpt = "auto",
+    device: Annotated[Device, typer.Option("--device", help="Where the teacher translates; auto takes CUDA "
+                                           "when there is one (the student trains where its train.device "
+                                           "says).")] = "auto",
 ) -> None:
     """Sequence-level knowledge distillation (Kim and Rush 2016): the teacher's translations of the student
     config's training sources go into RUN/distilled, then the student trains on them.
@@ -141,12 +143,13 @@ def distill(
     run = _run_dir(cfg, run_dir, name_it=True)
     folder = run.distilled.resolve()
     student = student_config(cfg, folder, keep_original, f"{config} (data.train distilled)")
-    preflight(student)  # before the teacher is loaded or the run folder made
-    teacher_of = _teacher(teacher, ensemble, beam_size, max_tokens, device)
+    preflight(student)  # before the run folder is made
     try:
         with RunLock(run), TrainReporter(enabled=True) as reporter:
             data_to_prepare(student, run)  # a run prepared from other data is refused before any translating
+            teacher_of = _teacher(teacher, ensemble, beam_size, max_tokens, device)
             _distill_corpora(teacher_of, cfg, folder, reporter)
+            del teacher_of  # its memory free before the student is built
             fit(student, run, reporter)
     except KeyboardInterrupt:
         sys.stderr.write(f"attnmt: stopped by SIGINT; the distilled lines in {folder} are kept: run the same "
