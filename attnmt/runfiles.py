@@ -13,6 +13,7 @@ run/
   plots/             heatmaps drawn during training (train.plot_every), and plot-curves' GIFs of them
   curves.png         plot-curves' figure
   tensorboard/       train.tensorboard's event files
+  distilled/         ``attnmt distill``'s corpus: a teacher's translations of the training sources
   .lock              held with fcntl.flock while a process writes the run
 ```
 
@@ -51,7 +52,7 @@ RUN_MARKER = "attnmt-run.json"
 # The names in a run folder that are the run's own: written by prepare and train (plots/ and curves.png
 # also by plot-curves), never by another command's output option.
 RUN_OWNED = (RUN_MARKER, "config.yaml", "tokenizer", "data", "checkpoints", "metrics.jsonl", "train.log",
-             "plots", "curves.png", "tensorboard", ".lock")
+             "plots", "curves.png", "tensorboard", "distilled", ".lock")
 # The run's own names that only a process holding the lock writes.
 LOCKED = frozenset({RUN_MARKER, "config.yaml", "tokenizer", "metrics.jsonl"})
 # A temporary file or folder of an atomic write (``.NAME.tmp-XXXX``) or the old copy a folder replacement
@@ -89,6 +90,10 @@ class RunDir:
     @property
     def metrics(self) -> Path:
         return self.root / "metrics.jsonl"
+
+    @property
+    def distilled(self) -> Path:
+        return self.root / "distilled"
 
     @property
     def lock_file(self) -> Path:
@@ -371,11 +376,12 @@ def write_marker(run: RunDir) -> None:
 
 def remove_stale(run: RunDir) -> list[Path]:
     """Remove the temporary files and folders (``.NAME.tmp-*``, ``.NAME.old-*``) that a killed process left
-    in the run folder and in its data, tokenizer and checkpoint folders; the caller holds the run's lock,
-    so no live writer owns them. In the run folder itself only the temporaries of the run's own names go
-    (plot-curves writes curves.png without the lock). Returns what was removed."""
+    in the run folder and in its data, tokenizer, checkpoint and distilled folders; the caller holds the
+    run's lock, so no live writer owns them. In the run folder itself only the temporaries of the run's own
+    names go (plot-curves writes curves.png without the lock). Returns what was removed."""
     removed = []
-    folders = [(run.root, True)] + [(folder, False) for folder in (run.data, run.tokenizer, run.checkpoints)]
+    owned = (run.data, run.tokenizer, run.checkpoints, run.distilled)
+    folders = [(run.root, True)] + [(folder, False) for folder in owned]
     for folder, own_names_only in folders:
         try:
             names = os.listdir(folder)

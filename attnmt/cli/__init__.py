@@ -3,7 +3,7 @@
 ``app.py`` holds the Typer application and the ``command`` decorator with the error guard; one module per
 family of commands registers its commands on import:
 
-- ``training.py``: prepare, toy-data, train (``reporting.py`` shows them);
+- ``training.py``: prepare, toy-data, train, distill (``reporting.py`` shows them);
 - ``decoding.py``: translate, eval, score;
 - ``looking.py``: plot, align, plot-curves;
 - ``attributing.py``: attribute;

@@ -1,4 +1,5 @@
-"""Commands for data and training: ``prepare``, ``toy-data``, ``train``; and the reporter that shows a run."""
+"""Commands for data and training: ``prepare``, ``toy-data``, ``train``, ``distill``; and the reporter that
+shows a run."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import typer
 
 from .app import command
 from .contract import Output
-from .options import ConfigArg, RunDirOpt, SetOpt, ToyLanguage
+from .options import BeamOpt, ConfigArg, Device, MaxTokensOpt, ModelArg, RunDirOpt, SetOpt, ToyLanguage
 
 # Pairs per toy split: the task has about two billion sentences, but a toy needs no more than this.
 TOY_MAX = 10_000_000
@@ -105,3 +106,81 @@ def train(
     except Interrupted as e:
         sys.stderr.write(f"attnmt: {e}\n")
         raise typer.Exit(e.exit_code) from None
+
+
+@command(inputs=("teacher", "config", "ensemble"), outputs={"run_dir": Output(folder=True, run=True)})
+def distill(
+    teacher: ModelArg,
+    config: Annotated[Path, typer.Argument(help="The student's YAML config: the teacher translates the "
+                                           "sources of its data.train.", show_default=False)],
+    run_dir: RunDirOpt = None,
+    set_: SetOpt = None,
+    ensemble: Annotated[list[Path] | None, typer.Option("--ensemble", help="Another teacher to average with "
+                                                        "TEACHER step by step (repeat for more; one "
+                                                        "tokenizer).", show_default=False)] = None,
+    beam_size: BeamOpt = None,
+    max_tokens: MaxTokensOpt = None,
+    keep_original: Annotated[bool, typer.Option("--keep-original", help="Train the student on the original "
+                                                "corpora too, after the distilled ones.")] = False,
+    device: Annotated[Device, typer.Option("--device", help="Where the teacher translates; auto takes CUDA "
+                                           "when there is one (the student trains where its train.device "
+                                           "says).")] = "auto",
+) -> None:
+    """Sequence-level knowledge distillation (Kim and Rush 2016): the teacher's translations of the student
+    config's training sources go into RUN/distilled, then the student trains on them.
+
+    Stopped, the same command goes on where it stopped: the translating from its last whole chunk, the
+    training from its checkpoint. A teacher, beam or corpus other than the one the distilled corpus was
+    started with is refused.
+    """
+    cfg = _load(config, set_)
+    from ..decoding.distill import student_config
+    from ..runfiles import RunLock
+    from ..training.runstart import data_to_prepare, preflight
+    from ..training.trainer import Interrupted, fit
+    from .reporting import TrainReporter
+
+    run = _run_dir(cfg, run_dir, name_it=True)
+    folder = run.distilled.resolve()
+    student = student_config(cfg, folder, keep_original, f"{config} (data.train distilled)")
+    preflight(student)  # before the run folder is made
+    try:
+        with RunLock(run), TrainReporter(enabled=True) as reporter:
+            data_to_prepare(student, run)  # a run prepared from other data is refused before any translating
+            teacher_of = _teacher(teacher, ensemble, beam_size, max_tokens, device)
+            _distill_corpora(teacher_of, cfg, folder, reporter)
+            del teacher_of  # its memory free before the student is built
+            fit(student, run, reporter)
+    except KeyboardInterrupt:
+        sys.stderr.write(f"attnmt: stopped by SIGINT; the distilled lines in {folder} are kept: run the same "
+                         "command again to go on\n")
+        raise typer.Exit(130) from None
+    except Interrupted as e:
+        sys.stderr.write(f"attnmt: {e}\n")
+        raise typer.Exit(e.exit_code) from None
+
+
+def _teacher(model: Path, ensemble: list[Path] | None, beam_size: int | None, max_tokens: int | None, device):
+    """``distill``'s teacher: MODEL (and the ensemble) opened for decoding with its decode settings and the
+    command line's beam and budget, one output per line."""
+    from ..decoding.distill import Teacher
+    from ..decoding.translator import DecodeOverrides
+    from ..models.checkpoint import resolve_model_path
+    from .common import open_translator
+
+    overrides = DecodeOverrides(beam_size, 1, None, max_tokens)
+    translator, cfg, path = open_translator(model, device, overrides, ensemble=ensemble)
+    return Teacher(translator, cfg.data, (path, *(resolve_model_path(m) for m in ensemble or ())))
+
+
+def _distill_corpora(teacher, cfg, folder: Path, reporter) -> None:
+    """The distilled corpora written (or found complete), with a progress line on a terminal; each said."""
+    from ..decoding.distill import distill as distill_corpora
+    from ..training.runlog import Message
+    from .common import FileProgress
+
+    with FileProgress(None, "distilling") as progress:
+        done = distill_corpora(teacher, cfg.data, folder, on_chunk=progress.advance)
+    for corpus in done:
+        reporter(Message(f"distilled {corpus.key}: {corpus.lines:,} lines ({corpus.translated:,} translated "
+                         f"by this run) in {corpus.source.src} and {corpus.source.tgt.name}"))

@@ -95,20 +95,34 @@ def initial_weights(cfg: Config, run: RunDir, main: bool) -> tuple[dict, Path]:
 
 def data_to_prepare(cfg: Config, run: RunDir) -> bool:
     """Whether ``prepare`` must run: the run folder lacks prepared data; a ConfigError when it holds data
-    prepared with other data or tokenizer settings."""
+    prepared with other data or tokenizer settings. A corpus inside the run folder (``attnmt distill``'s) is
+    named relative to it, so a run folder moved elsewhere goes on."""
     # config.yaml is written last, so without it an earlier prepare stopped halfway: prepare again.
     if not run.split("train").exists() or not run.tokenizer.exists() or not run.config.exists():
         return True
     stored = load_config(run.config)
     sections, ignored = ("data", "tokenizer"), {"sampling"}  # tokenizer.sampling changes the training only
-    changes = diff_dicts({s: getattr(stored, s).model_dump(mode="json", exclude=ignored) for s in sections},
-                         {s: getattr(cfg, s).model_dump(mode="json", exclude=ignored) for s in sections})
+    then, now = ({s: _inside_run(getattr(c, s).model_dump(mode="json", exclude=ignored), root)
+                  for s in sections} for c, root in ((stored, stored.train.run_dir), (cfg, run.root)))
+    changes = diff_dicts(then, now)
     if changes:
         raise ConfigError(f"{run.root}: this run was prepared with other data or tokenizer settings "
                           f"({'; '.join(changes[:3])}); set them back to go on with this run (a default "
                           "that follows the languages may have changed: tokenizer.normalization for CJK), "
                           "or use another --run-dir")
     return False
+
+
+def _inside_run(value, root: Path | None):
+    """``value`` (a config section as JSON) with each path inside the run folder ``root`` written
+    ``RUN/...``."""
+    if isinstance(value, dict):
+        return {key: _inside_run(item, root) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_inside_run(item, root) for item in value]
+    if isinstance(value, str) and root is not None and Path(value).is_relative_to(Path(root).resolve()):
+        return str(Path("RUN") / Path(value).relative_to(Path(root).resolve()))
+    return value
 
 
 def run_tokenizer(run: RunDir, found: tuple[Path, dict] | None) -> Tokenizer:

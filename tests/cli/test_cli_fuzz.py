@@ -65,6 +65,9 @@ PLACES = ["<folder>", "<missing>", "<fifo>"] + ([] if ROOT else ["<unreadable>"]
 BASELINES: dict[str, tuple[list[str], dict[str, list[str]]]] = {
     "prepare": (["<config>"], {"--run-dir": ["<new>"]}),
     "train": (["<config>"], {"--run-dir": ["<new>"], "--set": ["train.max_steps=1"]}),
+    # the tiny teacher's translations are empty lines (dropped by prepare): the original pairs train
+    "distill": (["<run>", "<config>"], {"--run-dir": ["<new>"], "--keep-original": [],
+                                        "--set": ["train.max_steps=1", "data.max_dropped_fraction=1"]}),
     "toy-data": (["<new>"], {"--train-size": ["3"], "--dev-size": ["2"], "--test-size": ["2"]}),
     "translate": (["<run>", "monday , 3 june 2001"], {}),
     "eval": (["<run>"], {"--src": ["<src>"], "--ref": ["<tgt>"]}),
@@ -375,7 +378,8 @@ SUFFIXES = {"html": ".html", "json_path": ".json"}
 # empty; toy-data writing the same toy data and a study with every variant done have nothing to do.
 WRITES_NEW = {"export", "toy-data", "study"}
 # What makes a second run write something (train: one step more than the first run).
-AGAIN = {"train": {"set_": ["train.max_steps=2"]}}
+AGAIN = {"train": {"set_": ["train.max_steps=2"]},
+         "distill": {"set_": ["train.max_steps=2", "data.max_dropped_fraction=1"]}}
 # Outputs that one run cannot write together, each group with what its run changes besides (by Click
 # name; []: the baseline's option left out). plot --html reads --tgt: the tiny model's own translation
 # may be empty.

@@ -67,8 +67,8 @@ def marian_checkpoint(tmp_path_factory) -> Path:
     return root / "marian.pt"
 
 
-# Each folder output of the app, as (command, option) -> its arguments with {out} for the output. prepare's
-# and train's run folder is RunLock's (``test_nothing_lost.py``); study trains a model per variant.
+# Each folder output of the app, as (command, option) -> its arguments with {out} for the output. prepare's,
+# train's and distill's run folder is RunLock's (``test_nothing_lost.py``); study trains a model per variant.
 FOLDER_OUTPUTS = {
     ("export", "out"): [["export", "{ckpt}", "{out}"],
                         ["export", "{marian}", "{out}", "--to", "huggingface"]],
@@ -76,7 +76,7 @@ FOLDER_OUTPUTS = {
     ("toy-data", "out_dir"): [["toy-data", "{out}", "--train-size", "3", "--dev-size", "2",
                                "--test-size", "2"]],
 }
-ELSEWHERE = {("prepare", "run_dir"), ("train", "run_dir"), ("study", "out")}
+ELSEWHERE = {("prepare", "run_dir"), ("train", "run_dir"), ("distill", "run_dir"), ("study", "out")}
 
 
 def test_every_folder_output_is_covered():
