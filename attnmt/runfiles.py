@@ -14,6 +14,7 @@ run/
   curves.png         plot-curves' figure
   tensorboard/       train.tensorboard's event files
   distilled/         ``attnmt distill``'s corpus: a teacher's translations of the training sources
+  shortlist.pt       ``attnmt shortlist``'s table: the target pieces each source piece may translate to
   .lock              held with fcntl.flock while a process writes the run
 ```
 
@@ -49,10 +50,10 @@ from .errors import ConfigError, ResourceError, os_error
 EXPORT_MANIFEST = "attnmt-export.json"
 # The file that marks a folder as an attnmt run folder, written before anything else in it.
 RUN_MARKER = "attnmt-run.json"
-# The names in a run folder that are the run's own: written by prepare and train (plots/ and curves.png
-# also by plot-curves), never by another command's output option.
+# The run folder's own names: written by prepare and train (plots/, curves.png also by plot-curves;
+# distilled/ by distill, shortlist.pt by shortlist), never by another command's output option.
 RUN_OWNED = (RUN_MARKER, "config.yaml", "tokenizer", "data", "checkpoints", "metrics.jsonl", "train.log",
-             "plots", "curves.png", "tensorboard", "distilled", ".lock")
+             "plots", "curves.png", "tensorboard", "distilled", "shortlist.pt", ".lock")
 # The run's own names that only a process holding the lock writes.
 LOCKED = frozenset({RUN_MARKER, "config.yaml", "tokenizer", "metrics.jsonl"})
 # A temporary file or folder of an atomic write (``.NAME.tmp-XXXX``) or the old copy a folder replacement

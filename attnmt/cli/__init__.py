@@ -9,7 +9,7 @@ family of commands registers its commands on import:
 - ``attributing.py``: attribute;
 - ``heads.py``: heads;
 - ``studying.py``: study;
-- ``model_tools.py``: average, info.
+- ``model_tools.py``: average, export, import, info, shortlist.
 
 A command parses its options, makes one library call and prints. ``options.py`` holds the option types
 the commands share, ``common.py`` their input, output and model-loading helpers.

@@ -69,7 +69,8 @@ def _preparer(int8: bool | None, cfg, device, path: Path):
 
 
 def open_translator(model_path: Path, device: Device = Device.auto, overrides: DecodeOverrides | None = None,
-                    *, ensemble: list[Path] | None = None, exports: bool = True):
+                    *, ensemble: list[Path] | None = None, exports: bool = True,
+                    shortlist: Path | None = None):
     """Load MODEL for decoding: (Translator, config, checkpoint path). Decode settings are the model's
     ``decode`` section with the command line's ``overrides`` (``translator.DecodeOverrides``: beam, n-best,
     length penalty, token budget, sampling, a multilingual model's target language: ``source_prefix``); the
@@ -77,7 +78,8 @@ def open_translator(model_path: Path, device: Device = Device.auto, overrides: D
     (``runtime.py``), as every decoding command does. ``ensemble``: more models, with the same tokenizer
     (else a CheckpointError), averaged step by step with MODEL (``models.Ensemble``); MODEL's decode
     settings apply. A folder ``attnmt export`` wrote decodes through CTranslate2 (``open_export``) unless
-    ``exports`` is False (commands that read the attention: a CheckpointError then)."""
+    ``exports`` is False (commands that read the attention: a CheckpointError then). ``shortlist``: the
+    table ``attnmt shortlist`` wrote, which cuts the output layer per batch (``decoding/shortlist.py``)."""
     from ..decoding.translator import DecodeOverrides, Translator
     from ..models import checkpoint
     from ..training.distributed import choose_device
@@ -92,6 +94,9 @@ def open_translator(model_path: Path, device: Device = Device.auto, overrides: D
         if overrides.int8:
             raise ConfigError(f"--int8: {model_path} is a CTranslate2 export, which decodes at the precision "
                               "it was exported with (attnmt export --quantization int8)")
+        if shortlist is not None:
+            raise ConfigError(f"--shortlist: {model_path} is a CTranslate2 export, which decodes with its "
+                              "own search; use the checkpoint")
         return open_export(model_path, dev, overrides, ensemble)
     model, tokenizer, cfg, path = checkpoint.load_model(model_path, dev)
     prepare = _preparer(overrides.int8, cfg, dev, path)
@@ -112,6 +117,10 @@ def open_translator(model_path: Path, device: Device = Device.auto, overrides: D
     decode = overrides.apply(cfg.decode, tokenizer.tgt_vocab_size)
     translator = Translator(model, tokenizer, decode, dev, overrides.sampling)
     translator.source_prefix = cfg.data.prefix_for(overrides.tgt_lang, overrides.named("tgt_lang"))
+    if shortlist is not None:
+        from ..decoding.shortlist import load_shortlist
+
+        translator.shortlist = load_shortlist(shortlist, tokenizer.fingerprint(), path)
     return translator, cfg, path
 
 

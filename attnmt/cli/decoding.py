@@ -30,6 +30,7 @@ from .options import (
     PrefixOpt,
     ScoresOpt,
     SentencesArg,
+    ShortlistOpt,
     TgtLangOpt,
 )
 
@@ -76,6 +77,7 @@ def translate(
     tgt_lang: TgtLangOpt = None,
     markup: MarkupOpt = False,
     int8: Int8Opt = False,
+    shortlist: ShortlistOpt = None,
     device: DeviceOpt = "auto",
 ) -> None:
     """Translate sentences, a file or stdin; one output line per input line, in input order.
@@ -94,7 +96,8 @@ def translate(
     lines, tags = _Tags.read(lines, model, sentences, input_) if markup else (lines, None)
     overrides = DecodeOverrides(beam_size, nbest, length_penalty, max_tokens, draw, tgt_lang=tgt_lang,
                                 int8=int8 or None)
-    translator, cfg, checkpoint = open_translator(model, device, overrides, ensemble=ensemble)
+    translator, cfg, checkpoint = open_translator(model, device, overrides, ensemble=ensemble,
+                                                  shortlist=shortlist)
     with FileProgress(total, "translating", show=input_ is not None and str(input_) != "-") as progress:
         chunks = translator.translate_stream(lines, CHUNK_LINES, prefixes, scores is not None, phrases)
         chunks = tags.carried(chunks, translator, cfg, checkpoint) if tags else chunks
@@ -315,6 +318,7 @@ def eval_(
     max_tokens: MaxTokensOpt = None,
     length_penalty: LengthPenaltyOpt = None,
     int8: Int8Opt = False,
+    shortlist: ShortlistOpt = None,
     device: DeviceOpt = "auto",
 ) -> None:
     """Score translations with sacrebleu: translate --src with MODEL, or score --hyp; against --ref."""
@@ -339,7 +343,7 @@ def eval_(
 
         overrides = DecodeOverrides(beam_size, 1, length_penalty, max_tokens, tgt_lang=tgt_lang,
                                     int8=int8 or None)
-        translator, cfg, _ = open_translator(model, device, overrides, ensemble=ensemble)
+        translator, cfg, _ = open_translator(model, device, overrides, ensemble=ensemble, shortlist=shortlist)
         lang = tgt_lang or cfg.data.tgt_lang
         bleu_tokenize(lang, bleu)  # a scorer that cannot run is refused before the translating
         sources, hypotheses, name = list(read_lines(src)), [], f"translations of {src}"

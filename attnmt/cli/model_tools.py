@@ -1,4 +1,4 @@
-"""Commands on trained models and configs: ``average``, ``export``, ``import`` and ``info``."""
+"""Commands on trained models and configs: ``average``, ``export``, ``import``, ``info`` and ``shortlist``."""
 
 from __future__ import annotations
 
@@ -130,3 +130,35 @@ def import_(
                f"d_model "
                f"{m['d_model']}, vocabulary {sizes['src_vocab_size']} / {sizes['tgt_vocab_size']}"
                + (f"; target languages (--tgt-lang): {', '.join(langs)}" if langs else ""))
+
+
+@command(inputs=("run_dir",), outputs={"out": Output()})
+def shortlist(
+    run_dir: Annotated[Path, typer.Argument(help="A prepared run folder: its encoded training pairs and "
+                                            "tokenizer.", show_default=False)],
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Where to write the table (default: "
+                                             "RUN/shortlist.pt).", show_default=False)] = None,
+    per_piece: Annotated[int, typer.Option("--per-piece", min=1, max=100_000, help="Target pieces listed "
+                                           "per source piece (by Dice's coefficient).")] = 50,
+    frequent: Annotated[int, typer.Option("--frequent", min=0, max=1_000_000, help="The most frequent "
+                                          "target pieces, always listed.")] = 100,
+) -> None:
+    """Learn a lexical shortlist from a run's training pairs, for translate --shortlist: per batch, the
+    output layer cut to the pieces its sources may translate to (off unless asked for)."""
+    from ..data.batching import load_split
+    from ..data.tokenizer import load_tokenizer
+    from ..decoding.shortlist import build_shortlist, save_shortlist
+    from ..errors import DataError
+    from ..runfiles import RunDir
+
+    run = RunDir(run_dir)
+    split = load_split(run, "train") if run.tokenizer.exists() else None
+    if split is None:
+        raise DataError(f"{run_dir}: no prepared training data (attnmt prepare CONFIG --run-dir {run_dir})")
+    tokenizer = load_tokenizer(run.tokenizer)
+    table = build_shortlist(split.src_ids, split.tgt_ids, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size,
+                            per_piece, frequent, tokenizer.fingerprint())
+    path = out if out is not None else run.root / "shortlist.pt"
+    save_shortlist(table, path, {"per_piece": per_piece, "frequent_pieces": frequent, "pairs": len(split)})
+    typer.echo(f"wrote {path}: {per_piece} target pieces per source piece and the {len(table.frequent)} most "
+               f"frequent, from {len(split):,} pairs")

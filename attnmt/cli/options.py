@@ -266,3 +266,8 @@ ConstraintsOpt = Annotated[Path | None, typer.Option("--constraints", help="Phra
                                                      "hold, one input line's per line, tab-separated (an "
                                                      "empty line: none); beam search makes room for them.",
                                                      show_default=False)]
+ShortlistOpt = Annotated[Path | None, typer.Option(
+    "--shortlist", show_default=False,
+    help="A lexical shortlist (attnmt shortlist RUN writes RUN/shortlist.pt): each batch's output layer cut "
+         "to the pieces its sources may translate to; faster, scores normalised over those pieces. Not with "
+         "prefixes, constraints or sampling (they search every piece).")]

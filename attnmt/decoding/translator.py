@@ -36,6 +36,7 @@ from .search import (
     greedy_search,
     output_limit,
 )
+from .shortlist import Shortlist
 
 
 @dataclass
@@ -149,6 +150,7 @@ class Translator:
     """
 
     source_prefix = ""  # control tokens before every source: a multilingual model's <2xx> (``--tgt-lang``)
+    shortlist: Shortlist | None = None  # searches without a prefix or constraints output these pieces only
 
     def __init__(self, model: TranslationModel, tokenizer: Tokenizer, decode: DecodeConfig,
                  device: torch.device | str = "cpu", sampling: Sampling | None = None) -> None:
@@ -238,10 +240,18 @@ class Translator:
                                       [Constraints(constraints[i]) for i in part], d.beam_size, d.nbest,
                                       d.length_penalty, d.max_len_a, d.max_len_b, d.min_len, need_attention,
                                       prefix)
+        if self.shortlist is not None and prefix is None:
+            with self.shortlist.restricted(self.model, [src_ids[i] for i in part]) as restricted:
+                return restricted.back(self._plain_search(restricted, batch, need_attention, None))
+        return self._plain_search(self.model, batch, need_attention, prefix)
+
+    def _plain_search(self, model, batch, need_attention: bool, prefix: torch.Tensor | None):
+        """Greedy or beam search of ``batch`` with ``model`` (this translator's, or cut to a shortlist)."""
+        d = self.decode
         if d.beam_size == 1 and d.nbest == 1:
-            return [[h] for h in greedy_search(self.model, batch.src, batch.src_mask, d.max_len_a,
+            return [[h] for h in greedy_search(model, batch.src, batch.src_mask, d.max_len_a,
                                                d.max_len_b, d.min_len, need_attention, prefix=prefix)]
-        return beam_search(self.model, batch.src, batch.src_mask, d.beam_size, d.nbest, d.length_penalty,
+        return beam_search(model, batch.src, batch.src_mask, d.beam_size, d.nbest, d.length_penalty,
                            d.max_len_a, d.max_len_b, d.min_len, need_attention, prefix)
 
     def _prefix(self, prefixes: Sequence[Sequence[int]] | None, rows: Sequence[int]) -> torch.Tensor | None:
