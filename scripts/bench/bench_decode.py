@@ -6,6 +6,8 @@
     python scripts/bench/bench_decode.py --parts                   # the decoder's pieces, old against new
     python scripts/bench/bench_decode.py --equal-work --against 14964ad   # this tree against a commit,
                                                                          # alternating
+    python scripts/bench/bench_decode.py --picture --models TEACHER STUDENT --figure F.png  # BLEU and speed:
+                                              # fp32, --int8, --shortlist, CTranslate2 (decode_picture.py)
 
 Part 1 (``--models``): sentences/s and generated tokens/s of greedy and beam-5 search on the 1,000
 test_2016_flickr sentences, batches of 64 in file order, with each trained model.
@@ -761,6 +763,11 @@ def build_parser() -> ScriptParser:
     # where ct2_setup wrote the models
     ap.add_argument("--child-dir", type=InputFolder(), help=argparse.SUPPRESS)
     ap.add_argument("--parts", action="store_true", help="the decoder's pieces against what they replace")
+    ap.add_argument("--picture", action="store_true",
+                    help="BLEU and sentences/s of --models (the first the teacher) in fp32, int8 and int8 "
+                         "with a shortlist, and CTranslate2 float32 and int8 of the first")
+    ap.add_argument("--figure", type=Path, help="with --picture: BLEU against sentences/s, drawn here")
+    ap.add_argument("--picture-child", help=argparse.SUPPRESS)
     ap.add_argument("--against", metavar="REV",
                     help="with --equal-work: this tree against commit REV, alternating rounds")
     ap.add_argument("--no-malloc-tuning", action="store_true", help="leave glibc's malloc at its defaults")
@@ -777,8 +784,14 @@ def check_together(args) -> None:
     """The options that only go with others."""
     if args.ct2 and not args.equal_work:
         raise ConfigError("--ct2 goes with --equal-work")
-    if args.limit and not (args.equal_work or args.models):
+    if args.limit and not (args.equal_work or args.models or args.picture_child):
         raise ConfigError("--limit goes with --equal-work or --models")
+    if args.picture and not args.models:
+        raise ConfigError("--picture needs --models (the first is the teacher)")
+    if args.figure and not args.picture:
+        raise ConfigError("--figure goes with --picture")
+    if args.picture and args.data and not (args.data / "test_2016_flickr.en.gz").is_file():
+        raise DataError(f"--data {args.data}: no test_2016_flickr.en.gz (the references) in it")
     if (args.cli or args.zero_bos) and not args.ct2:
         raise ConfigError("--cli and --zero-bos go with --ct2")
     if args.limit and (args.peers or args.against):
@@ -808,6 +821,17 @@ def main(argv: list[str] | None = None) -> None:
     setup = Setup((args.data or DATA) / TEST_NAME, args.tokenizer or TOKENIZER, args.batch_size, args.length,
                   args.threads, args.limit, args.zero_bos, tuple(args.beams), tuple(args.quantizations),
                   args.smoke)
+    if args.picture or args.picture_child:
+        import decode_picture
+
+        data = args.data or DATA
+        if args.picture_child:
+            decode_picture.child(args.picture_child, data / TEST_NAME, data / decode_picture.REF_NAME,
+                                 args.threads, args.limit)
+        else:
+            decode_picture.picture(args.models, data, args.beams, args.runs, args.threads, args.limit,
+                                   args.figure, Path(__file__).resolve())
+        return
     if args.child:  # one pass of --ct2's rounds, in a process of its own (see interleaved)
         work = equal_work_setup(setup)
         for spec in args.child.split(CHILD_SEP):  # the checks or one pass; --smoke: the checks, every pass

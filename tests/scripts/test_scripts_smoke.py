@@ -143,7 +143,12 @@ def smoke_runs(w: World, tmp: Path) -> dict[str, list[Run]]:
              "--quantizations", "int8", "--threads", 1],
             ("speedup", "attnmt -> CTranslate2 int8 / CTranslate2 int8 (raw)",
              "attnmt --int8 (random weights) / CTranslate2 int8 (raw)",
-             "wall seconds, start-up included", "tok/s  median s"))],
+             "wall seconds, start-up included", "tok/s  median s")),
+            # the whole picture on the tiny run (as teacher and student): a shortlist made, two exports, the
+            # figure drawn
+            Run(["--picture", "--models", w.run, "--data", w.multi30k, "--limit", 4, "--runs", 1, "--beams", 1,
+                 "--threads", 1, "--figure", tmp / "picture.png"],
+                ("| engine | beam | sentences/s |", "CTranslate2 int8 = ", "wrote"))],
         "bench_explorer.py": [Run(
             ["--sentences", 2, "--layers", 1, "--heads", 1, "--loads", 1, "--shortest", 3, "--longest", 5],
             "first draw ms")],
