@@ -78,6 +78,7 @@ BASELINES: dict[str, tuple[list[str], dict[str, list[str]]]] = {
     "plot-curves": (["<run>"], {"--out": ["<new>.png"]}),
     "average": (["<ckpt>", "<member>"], {"--out": ["<new>.pt"]}),
     "info": (["<run>"], {}),
+    "shortlist": (["<run>"], {"--out": ["<new>.pt"], "--per-piece": ["3"], "--frequent": ["2"]}),
     "export": (["<ckpt>", "<new>"], {}),
     "import": (["<marian>", "<new>.pt"], {}),
     "heads": (["<run>"], {"--src": ["<src>"], "--tgt": ["<tgt>"], "--limit": ["2"], "--random-draws": ["1"]}),

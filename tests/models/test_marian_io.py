@@ -207,3 +207,19 @@ def test_frozen_embeddings_do_not_move(tmp_path):
     assert torch.equal(after["src_embed.weight"], before["src_embed.weight"])
     assert torch.equal(after["output.weight"], before["output.weight"])
     assert not torch.equal(after["encoder.0.ffn.0.weight"], before["encoder.0.ffn.0.weight"])
+
+
+def test_an_imported_model_decodes_with_int8(folder, tmp_path):
+    """``--int8`` on an imported OPUS-MT model (post-norm, its own vocabulary and output bias): every
+    linear layer quantized, and ``translate --int8`` prints what the model quantized in this process finds."""
+    from attnmt.cli.common import open_translator
+    from attnmt.decoding.quantize import quantized
+    from attnmt.decoding.translator import DecodeOverrides
+
+    assert invoke("import", folder, tmp_path / "tiny.pt").exit_code == 0
+    translator = open_translator(tmp_path / "tiny.pt", "cpu", DecodeOverrides(beam_size=2, int8=True))[0]
+    assert quantized(translator.model)
+    sources = [src for src, _ in PAIRS]
+    found = invoke("translate", tmp_path / "tiny.pt", *sources, "--int8", "--beam-size", 2)
+    assert found.exit_code == 0, found.output
+    assert found.stdout.splitlines() == translator.best(sources)
