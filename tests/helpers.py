@@ -256,12 +256,18 @@ def curve(run_dir: Path, event: str = "train") -> list[dict]:
 
 def trained_for_decoding(tiny: TinyRuns, run_dir: Path, save_every: int = 150) -> Path:
     """A private copy of the tiny run trained to step 150 without dropout: outputs that end on their own
-    (the conftest reference, at step 30, still outputs empty lines)."""
-    tiny.copy_prepared(run_dir)
-    sets = ["train.max_steps=150", f"train.save_every={save_every}", "train.eval_every=1000",
-            "train.log_every=50", "model.dropout=0.0"]
-    result = train_cli(tiny.config["transformer"], run_dir, *sets)
-    assert result.returncode == 0, result.stderr
+    (the conftest reference, at step 30, still outputs empty lines). Trained once per test process and
+    ``save_every`` (training is deterministic, so a copy is what another training would give), then
+    copied."""
+    trained = tiny.root / f"for_decoding_{save_every}"
+    if not (trained / "checkpoints" / "latest.json").exists():
+        shutil.rmtree(trained, ignore_errors=True)
+        tiny.copy_prepared(trained)
+        sets = ["train.max_steps=150", f"train.save_every={save_every}", "train.eval_every=1000",
+                "train.log_every=50", "model.dropout=0.0"]
+        result = train_cli(tiny.config["transformer"], trained, *sets)
+        assert result.returncode == 0, result.stderr
+    shutil.copytree(trained, run_dir, ignore=shutil.ignore_patterns(".lock"))
     return run_dir
 
 

@@ -405,9 +405,12 @@ class TransformerModel(nn.Module):
         filled = state.filled.check()
         pos, cache, N = state.pos, state.self_kv, index.numel()
         n_sentences = state.src_mask.size(0)
+        moved = None
         if inplace and filled.n == pos and N <= cache[0][0].size(0) and not torch.is_grad_enabled():
-            # (m,) rows with a new parent
+            # (m,) rows with a new parent; past half of them (finished sentences shift every row after
+            # theirs), one gather into fresh buffers moves less than gathering and writing back in place
             moved = (index != torch.arange(N, device=index.device)).nonzero()[:, 0]
+        if moved is not None and 2 * moved.numel() <= N:
             if moved.numel():
                 parents = index[moved]
                 for k, v in cache:
