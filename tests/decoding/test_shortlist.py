@@ -51,7 +51,8 @@ def test_with_every_piece_listed_the_search_is_the_full_search(opened):
     translator, tokenizer = opened
     every = torch.arange(tokenizer.tgt_vocab_size, dtype=torch.int32)
     listed = Translator(translator.model, tokenizer, translator.decode)
-    listed.shortlist = Shortlist(every.repeat(tokenizer.src_vocab_size, 1), every[:0], tokenizer.fingerprint())
+    table = every.repeat(tokenizer.src_vocab_size, 1)
+    listed.shortlist = Shortlist(table, every[:0], tokenizer.fingerprint())
     for beam, nbest in ((1, 1), (4, 1), (4, 3)):
         assert hypotheses(listed, beam, nbest) == hypotheses(translator, beam, nbest)
     assert translator.model.output.weight.shape[0] == tokenizer.tgt_vocab_size  # the layer is put back

@@ -146,8 +146,8 @@ def smoke_runs(w: World, tmp: Path) -> dict[str, list[Run]]:
              "wall seconds, start-up included", "tok/s  median s")),
             # the whole picture on the tiny run (as teacher and student): a shortlist made, two exports, the
             # figure drawn
-            Run(["--picture", "--models", w.run, "--data", w.multi30k, "--limit", 4, "--runs", 1, "--beams", 1,
-                 "--threads", 1, "--figure", tmp / "picture.png"],
+            Run(["--picture", "--models", w.run, "--data", w.multi30k, "--limit", 4, "--runs", 1,
+                 "--beams", 1, "--threads", 1, "--figure", tmp / "picture.png"],
                 ("| engine | beam | sentences/s |", "CTranslate2 int8 = ", "wrote"))],
         "bench_explorer.py": [Run(
             ["--sentences", 2, "--layers", 1, "--heads", 1, "--loads", 1, "--shortest", 3, "--longest", 5],
