@@ -267,7 +267,7 @@ def trained_for_decoding(tiny: TinyRuns, run_dir: Path, save_every: int = 150) -
                 "train.log_every=50", "model.dropout=0.0"]
         result = train_cli(tiny.config["transformer"], trained, *sets)
         assert result.returncode == 0, result.stderr
-    shutil.copytree(trained, run_dir, ignore=shutil.ignore_patterns(".lock"))
+    shutil.copytree(trained, run_dir)  # .lock too, as the run that trained there has one
     return run_dir
 
 

@@ -222,7 +222,7 @@ class DecodeConfig(Section):
     max_tokens: PositiveInt = 8000
     """Batch budget of translation and validation: padded source pieces x beam rows (or samples)."""
     quantize: Literal["none", "int8"] = "none"
-    """``int8``: translate, eval, score with int8 linear layers (``--int8``; CPU); validation stays float."""
+    """``int8``: int8 linear layers in the decoding commands (``--int8``; CPU); validation stays float."""
 
     @model_validator(mode="after")
     def _nbest_fits(self) -> DecodeConfig:

@@ -271,7 +271,7 @@ def _read_record(folder: Path, data: DataConfig) -> dict[str, Any] | None:
     """The record of ``folder``, or None for a new corpus; a ConfigError for a folder that holds distilled
     files without one (not this command's to append to)."""
     path = folder / RECORD
-    if path.is_file():
+    if path.exists() or path.is_symlink():  # a pipe or a folder there is read_json's one line, not absent
         record = read_json(path, DataError)
         done, corpora = record.get("done"), record.get("corpora")
         if not (isinstance(done, list) and isinstance(corpora, list) and len(done) == len(corpora)

@@ -405,21 +405,16 @@ class TransformerModel(nn.Module):
         filled = state.filled.check()
         pos, cache, N = state.pos, state.self_kv, index.numel()
         n_sentences = state.src_mask.size(0)
-        moved = None
         if inplace and filled.n == pos and N <= cache[0][0].size(0) and not torch.is_grad_enabled():
             # (m,) rows with a new parent; past half of them (finished sentences shift every row after
             # theirs), one gather into fresh buffers moves less than gathering and writing back in place
             moved = (index != torch.arange(N, device=index.device)).nonzero()[:, 0]
-        if moved is not None and 2 * moved.numel() <= N:
-            if moved.numel():
-                parents = index[moved]
-                for k, v in cache:
-                    # The right side is gathered first, so a row may be both read and overwritten.
-                    k[moved, :, :pos] = k[parents, :, :pos]
-                    v[moved, :, :pos] = v[parents, :, :pos]
             filled.n = -1  # the old state is spent
-            return select_rows(state, index, n_sentences, self_kv=[(k[:N], v[:N]) for k, v in cache],
-                               filled=CacheFill(pos))
+            if 2 * moved.numel() <= N:
+                for k, v in cache:  # the right side is gathered first: a row may be read and overwritten
+                    k[moved, :, :pos], v[moved, :, :pos] = k[index[moved], :, :pos], v[index[moved], :, :pos]
+                return select_rows(state, index, n_sentences, self_kv=[(k[:N], v[:N]) for k, v in cache],
+                                   filled=CacheFill(pos))
         cache = self._copy_cache(cache, pos, cache[0][0].size(2), index)
         return select_rows(state, index, n_sentences, self_kv=cache, filled=CacheFill(pos))
 

@@ -77,7 +77,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: scriptargs and the tools
 
 from benchlib import REPO, benchmark_in
-from scriptargs import InputFolder, Model, Number, ScriptParser, guarded
+from scriptargs import InputFolder, Model, Number, OutputFile, ScriptParser, guarded
 
 from attnmt.errors import ConfigError, DataError
 
@@ -766,7 +766,7 @@ def build_parser() -> ScriptParser:
     ap.add_argument("--picture", action="store_true",
                     help="BLEU and sentences/s of --models (the first the teacher) in fp32, int8 and int8 "
                          "with a shortlist, and CTranslate2 float32 and int8 of the first")
-    ap.add_argument("--figure", type=Path, help="with --picture: BLEU against sentences/s, drawn here")
+    ap.add_argument("--figure", type=OutputFile(), help="with --picture: BLEU against sentences/s drawn")
     ap.add_argument("--picture-child", help=argparse.SUPPRESS)
     ap.add_argument("--against", metavar="REV",
                     help="with --equal-work: this tree against commit REV, alternating rounds")

@@ -216,28 +216,31 @@ def report(table: list[dict], teacher: str) -> None:
 
 
 def draw(table: list[dict], path: Path) -> None:
+    """One colour per engine (model and way of decoding), circles greedy and squares beam 5, a legend
+    rather than labels on the points (which overlap)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    labels = list(dict.fromkeys(row["label"] for row in table))
+    colours = plt.get_cmap("tab10")
     markers = {1: "o", 5: "s"}
-    for row in table:
-        ax.scatter(row["sents_per_s"], row["bleu"], marker=markers.get(row["beam"], "^"), s=36)
-        ax.annotate(
-            f"{row['label']} b{row['beam']}",
-            (row["sents_per_s"], row["bleu"]),
-            fontsize=7,
-            xytext=(4, 3),
-            textcoords="offset points",
-        )
+    for k, label in enumerate(labels):
+        rows = sorted((r for r in table if r["label"] == label), key=lambda r: r["beam"])
+        ax.plot([r["sents_per_s"] for r in rows], [r["bleu"] for r in rows], color=colours(k % 10), lw=0.8,
+                alpha=0.5)
+        for row in rows:
+            ax.scatter(row["sents_per_s"], row["bleu"], color=colours(k % 10),
+                       marker=markers.get(row["beam"], "^"), s=40, label=label if row is rows[0] else None)
     ax.set_xscale("log")
-    ax.set_xlabel("sentences/s (test2016, 2 threads, log scale)")
+    ax.set_xlabel("sentences/s on test2016 (2 threads; log scale)")
     ax.set_ylabel("BLEU (sacrebleu)")
-    ax.set_title("Decoding: BLEU against speed (circles: greedy, squares: beam 5)")
+    ax.set_title("BLEU against speed: circles greedy, squares beam 5")
     ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110, metadata={"Software": None})
     print(f"wrote {path}", flush=True)

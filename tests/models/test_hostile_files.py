@@ -147,6 +147,13 @@ def _growth(world: Path):
     return update_growth(world / "growth.json", [], [8, 16])
 
 
+def _distill_record(world: Path):
+    from attnmt.config.schema import load_config
+    from attnmt.decoding.distill import _read_record
+
+    return _read_record(world / "distilled", load_config(world / "config.yaml").data)
+
+
 def _split(world: Path):
     from attnmt.data.encoded import open_split
 
@@ -172,6 +179,7 @@ PLACES = [
     Place("run", "tokenizer/tokenizer.json", cli("info", "{w}"), ("tokenizer:_read_meta",)),
     Place("run", "tokenizer/tokenizer.json", library(_tokenizer_settings), ("prepare:obtain_tokenizer",)),
     Place("run", "data/train/split.json", library(_split), ("encoded:open_split",)),
+    Place("run", "distilled/distill.json", library(_distill_record), ("distill:_read_record",)),
     Place("run", "data/stats.json", library(_guided_stats), ("runstart:guided_links",), top=list),
     Place("run", "study.json", library(_study), ("run:open_study",)),
     Place("run", "results.json", library(_study_results), ("run:results",)),
@@ -230,6 +238,7 @@ def worlds(tmp_path_factory, tiny) -> dict[str, Path]:
     for name in ("study.json", "results.json", "growth.json", "alignment.json"):
         (run / name).write_text('{"variants": {}, "layer": null, "heads": null}', encoding="utf-8")
     (run / "reverse.json").write_text('{"model": "gone"}', encoding="utf-8")  # one way, with a warning
+    (run / "distilled").mkdir()  # attnmt distill's record goes in it
     (root / "src.txt").write_text("a b c\n", encoding="utf-8")
     export = root / "export"
     result = CliRunner().invoke(app, ["export", str(run), str(export)])
