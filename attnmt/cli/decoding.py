@@ -43,7 +43,8 @@ MarkupOpt = Annotated[bool, typer.Option("--markup", help="Each input line is ma
                                          "naming it, before it is translated.")]
 
 
-@command(inputs=("model", "input_", "ensemble", "prefix", "constraints"), outputs={"output": Output()})
+@command(inputs=("model", "input_", "ensemble", "prefix", "constraints", "shortlist"),
+         outputs={"output": Output()})
 def translate(
     model: ModelArg,
     sentences: SentencesArg = None,
@@ -291,7 +292,8 @@ def _sampling(sampling: bool, beam_size: int | None, temperature: float | None, 
     return Sampling(*values)
 
 
-@command("eval", inputs=("model", "src", "hyp", "ref", "ensemble"), outputs={"hyp_out": Output()})
+@command("eval", inputs=("model", "src", "hyp", "ref", "ensemble", "shortlist"),
+         outputs={"hyp_out": Output()})
 def eval_(
     model: Annotated[Path | None, typer.Argument(help="A checkpoint or run folder; omit with --hyp.",
                                                  show_default=False)] = None,

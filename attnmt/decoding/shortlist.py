@@ -156,10 +156,12 @@ def save_shortlist(shortlist: Shortlist, path: Path, about: dict) -> None:
 
 def load_shortlist(path: Path, tokenizer: dict, model: Path) -> Shortlist:
     """The table ``attnmt shortlist`` wrote at ``path``, checked to be of ``model``'s tokenizer."""
+    if not path.exists():
+        raise ConfigError(f"--shortlist {path}: no such file (attnmt shortlist RUN writes one)")
+    if not path.is_file():  # a pipe would be waited on for ever
+        raise ConfigError(f"--shortlist {path}: not a file (attnmt shortlist RUN writes one)")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise ConfigError(f"--shortlist {path}: no such file (attnmt shortlist RUN writes one)") from None
     except Exception as e:  # noqa: BLE001 - anything torch.load raises on a file that is not one
         raise ConfigError(f"--shortlist {path}: not a shortlist attnmt wrote ({type(e).__name__})") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:

@@ -117,6 +117,8 @@ def test_translate_and_eval_take_a_shortlist_and_a_bad_one_is_one_line(run, tmp_
     assert scored.exit_code == 0 and "BLEU" in scored.output, scored.output
     missing = invoke("translate", run, LINES[0], "--shortlist", tmp_path / "none.pt")
     assert missing.exit_code != 0 and "no such file" in assert_one_error_line(missing.output)
+    folder = invoke("translate", run, LINES[0], "--shortlist", tmp_path)
+    assert folder.exit_code != 0 and "not a file" in assert_one_error_line(folder.output)
     (tmp_path / "junk.pt").write_bytes(b"not a table")
     junk = invoke("translate", run, LINES[0], "--shortlist", tmp_path / "junk.pt")
     assert junk.exit_code != 0 and "not a shortlist" in assert_one_error_line(junk.output)
