@@ -292,8 +292,10 @@ def _sampling(sampling: bool, beam_size: int | None, temperature: float | None, 
     return Sampling(*values)
 
 
-@command("eval", inputs=("model", "src", "hyp", "ref", "ensemble", "shortlist"),
-         outputs={"hyp_out": Output()})
+EVAL_INPUTS = ("model", "src", "hyp", "ref", "ensemble", "shortlist")  # the paths eval reads (contract.py)
+
+
+@command("eval", inputs=EVAL_INPUTS, outputs={"hyp_out": Output()})
 def eval_(
     model: Annotated[Path | None, typer.Argument(help="A checkpoint or run folder; omit with --hyp.",
                                                  show_default=False)] = None,
