@@ -23,8 +23,6 @@ from torch import nn
 from ..config.choices import cpu_flags
 from . import fastpath
 
-MODES = ("none", "int8")
-
 
 def engine() -> str:
     """The quantized engine for this CPU (``torch.backends.quantized.engine``); see the module docstring."""
