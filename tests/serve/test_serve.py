@@ -303,14 +303,24 @@ def test_sigterm_finishes_what_is_in_flight_and_refuses_the_rest(model, tmp_path
     threads = [threading.Thread(target=ask) for _ in range(12)]
     for t in threads:
         t.start()
+    def held() -> tuple[int, int]:  # (requests the server has answered or queued, of them queued)
+        batching = server.client.get("/info").json()["batching"]
+        queued = sum(lane["pending"] for lane in batching["lanes"].values())
+        return batching["sentences"] // len(LINES) + queued, queued
+
     deadline = time.monotonic() + 10
-    while server.client.get("/health").json()["pending"] == 0 and time.monotonic() < deadline:
+    while ((taken := held())[0] < 6 or taken[1] == 0) and time.monotonic() < deadline:
         time.sleep(0.01)
     server.process.send_signal(signal.SIGTERM)
     for t in threads:
         t.join(60)
-    assert server.process.wait(60) == 0
-    assert len(answers) == 12 and all(isinstance(a, httpx.Response) and a.status_code == 200 for a in answers)
+    assert server.process.wait(60) == 0 and len(answers) == 12
+    # Every request the server held was answered 200, those still queued at SIGTERM included. A connection
+    # still in the kernel's listening queue when the server stopped listening may be refused or reset (CI
+    # saw one reset under load): refused, never an error answer or a hang.
+    answered = [a for a in answers if isinstance(a, httpx.Response)]
+    assert all(a.status_code == 200 for a in answered) and len(answered) >= taken[0] >= 6, (taken, answers)
+    assert all(isinstance(a, (httpx.Response, httpx.TransportError)) for a in answers), answers
     with pytest.raises(httpx.TransportError):
         httpx.post(server.url + "/translate", json={"text": "a"}, timeout=5)
     server.stderr.close()
