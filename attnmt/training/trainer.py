@@ -5,10 +5,9 @@ TokenBatchSampler``), sampled pieces (``subword_sampling``) of (seed, epoch, exa
 is reseeded from (seed, step, the micro-batch's place among the step's on every rank). So a resumed run, N
 ranks, or one rank accumulating N micro-batches, draw the same batches and dropout, and log the same losses.
 
-The parts: ``runstart`` (what is settled before the loop), ``step`` (one optimizer step), ``distributed``
-(device, ranks), ``optim`` (AdamW, the schedule), ``checkpoint`` (the payload, resume checks), ``keeper``
-(which checkpoints stay), ``averaging``, ``validation`` (dev scores, heatmaps), ``runlog`` (records and
-events), ``faults`` (what tests inject). ``Trainer`` holds them across steps."""
+The parts: ``runstart``, ``step``, ``distributed``, ``optim``, ``checkpoint`` (payload, resume checks),
+``keeper``, ``averaging``, ``validation``, ``runlog`` (records, events), ``faults`` (test faults),
+``allocator`` (freed memory kept); the package's ``__init__`` says more. ``Trainer`` holds them all."""
 
 from __future__ import annotations
 
@@ -42,6 +41,7 @@ from ..models.checkpoint import (
 )
 from ..runfiles import RunDir, remove_stale
 from . import runstart
+from .allocator import keep_freed_memory
 from .averaging import average_newest, point_best
 from .distributed import choose_device, setup_distributed
 from .faults import NO_FAULTS, Faults
@@ -129,8 +129,8 @@ class Trainer:
                 self.log.show(Message("preparing data (attnmt prepare) ..."))
                 prepare(self.cfg, run)
         self.dist.barrier()
-        # The checkpoint names its tokenizer, so a swapped model file is refused before sentencepiece
-        # parses it.
+        keep_freed_memory()  # every step reuses the last one's pages (allocator.py; bench_train --profile)
+        # The checkpoint names its tokenizer: a swapped model file is refused before sentencepiece reads it.
         found = latest_checkpoint(run)
         self.tokenizer = runstart.run_tokenizer(run, found)
         self.train_data = load_split(run, "train")

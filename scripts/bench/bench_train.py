@@ -6,6 +6,7 @@
     python scripts/bench/bench_train.py --device cuda --archs transformer --steps 300   # on a GPU: bf16
     python scripts/bench/bench_train.py --precision bf16 --compile off on   # torch.compile against eager
     python scripts/bench/bench_train.py --parts         # a step's pieces against what they replaced
+    python scripts/bench/bench_train.py --profile --archs transformer --steps 10   # where a step's time goes
     python scripts/bench/bench_train.py --against /tmp/old --archs transformer --precision bf16 --rounds 3
                                                         # this checkout against another, alternating
 
@@ -23,6 +24,7 @@ a 100-piece vocabulary, the matmul peak on 128 x 128, ``--parts`` each piece onc
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -38,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: script
 
 from benchlib import REPO, benchmark_in, smoke_settings
 from scriptargs import InputFolder, Number, ScriptParser, guarded
+from train_profile import profile_steps, report
 
 from attnmt.errors import DataError
 
@@ -63,14 +66,14 @@ def matmul_peak(threads: int, dtype: str = "fp32", n: int = 2048) -> float:
     return 2 * n**3 / statistics.median(times) / 1e9
 
 
-def child(arch: str, steps: int, threads: int, data: Path | None, device: str, precision: str,
-          compile_: bool, smoke: bool = False) -> dict:
-    """One recipe in this process: returns its measurements."""
+@contextlib.contextmanager
+def recipe_trainer(arch: str, threads: int, data: Path | None, device: str, precision: str, compile_: bool,
+                   smoke: bool = False):
+    """The recipe's ``Trainer``, set up in a temporary run folder (``train.precision``, ``train.compile``,
+    ``--data`` and ``--smoke`` set on it), and its first epoch's steps (each a list of micro-batches)."""
     import torch
-    from torch.utils.flop_counter import FlopCounterMode
 
     from attnmt.config.schema import load_config
-    from attnmt.data.batching import gather
     from attnmt.runfiles import RunDir
     from attnmt.training.runlog import quiet
     from attnmt.training.trainer import Trainer
@@ -91,7 +94,18 @@ def child(arch: str, steps: int, threads: int, data: Path | None, device: str, p
         trainer.setup(resume=False)
         batches = trainer.sampler.batches(0)
         accum = cfg.train.accum_steps
-        groups = [batches[i : i + accum] for i in range(0, len(batches), accum)]
+        yield trainer, [batches[i : i + accum] for i in range(0, len(batches), accum)]
+
+
+def child(arch: str, steps: int, threads: int, data: Path | None, device: str, precision: str,
+          compile_: bool, smoke: bool = False) -> dict:
+    """One recipe in this process: returns its measurements."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from attnmt.data.batching import gather
+
+    with recipe_trainer(arch, threads, data, device, precision, compile_, smoke) as (trainer, groups):
         start = time.perf_counter()
         for group in groups[:5]:
             trainer.train_step(group)
@@ -217,13 +231,13 @@ def run_joey(arch: str, budget: int) -> dict | None:
     return {"arch": arch, "tgt_tokens_per_s": float(match.group(1))}
 
 
-def _child(tree: Path, args, arch: str, precision: str, compile_: str) -> dict:
+def _child(tree: Path, args, arch: str, precision: str, compile_: str, extra: tuple = ()) -> dict:
     """One measuring child, run from the checkout ``tree`` (its script, its attnmt)."""
-    cmd = [sys.executable, str(benchmark_in(tree, "bench_train.py")), "--child", arch,
+    cmd = [sys.executable, str(benchmark_in(tree, "bench_train.py")), "--child", arch, *extra,
            "--steps", str(args.steps), "--threads", str(args.threads), "--device", args.device,
            "--precision", precision,
            "--compile", compile_]
-    cmd += (["--data", str(args.data)] if args.data else []) + (["--smoke"] if args.smoke else [])
+    cmd += (["--data", str(args.data.resolve())] if args.data else []) + (["--smoke"] if args.smoke else [])
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONPATH": str(tree)}
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=tree, env=env)
     line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
@@ -266,6 +280,9 @@ def build_parser() -> ScriptParser:
                     help="also run JoeyNMT for this many seconds per arch")
     ap.add_argument("--parts", action="store_true",
                     help="time the pieces of a step against what they replaced, and nothing else")
+    ap.add_argument("--profile", action="store_true",
+                    help="where a step's time goes (scripts/bench/train_profile.py): each --archs recipe in "
+                         "each --precision, --steps profiled steps, a table by category")
     ap.add_argument("--against", type=InputFolder(), metavar="CHECKOUT",
                     help="another attnmt checkout (say, git worktree add /tmp/old HEAD~3): its children and "
                          "this one's alternate, --rounds times, and the ratio of their median tokens/s is "
@@ -276,6 +293,7 @@ def build_parser() -> ScriptParser:
                     "100-piece vocabulary, the matmul peak on 128 x 128, --parts each piece once at the "
                     "smallest sizes")
     ap.add_argument("--child", choices=list(RECIPES), help=argparse.SUPPRESS)
+    ap.add_argument("--profile-child", action="store_true", help=argparse.SUPPRESS)
     ap.checks.append(check_folders)
     return ap
 
@@ -300,6 +318,17 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.parts:
         parts(args.threads, args.smoke)
+        return
+    if args.child and args.profile_child:
+        with recipe_trainer(args.child, args.threads, args.data, args.device, args.precision[0],
+                            args.compile[0] == "on", args.smoke) as (trainer, groups):
+            print("RESULT " + json.dumps(profile_steps(trainer, groups, args.steps)))
+        return
+    if args.profile:
+        for arch in args.archs:
+            print(f"\n{arch} ({RECIPES[arch]}), {args.steps} profiled steps, {args.threads} threads")
+            report({precision: _child(REPO, args, arch, precision, args.compile[0], ["--profile-child"])
+                    for precision in args.precision})
         return
     if args.child:
         print("RESULT " + json.dumps(child(args.child, args.steps, args.threads, args.data, args.device,

@@ -1,5 +1,6 @@
-"""``attnmt.models.dropout``: the CPU mask drawn with ``torch.rand`` keeps each element with probability
-1 - p and scales it by 1 / (1 - p), like ``F.dropout``; the module is an ``nn.Dropout`` in every other way."""
+"""``attnmt.models.dropout``: the CPU mask (16-bit integers from numpy's SFC64, seeded by one draw from
+torch's generator) keeps each element with probability 1 - p, p on a 1/65536 grid, and scales it by the
+inverse, like ``F.dropout``; torch's seed decides it; the module is an ``nn.Dropout`` in every other way."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnmt.models.dropout import Dropout, dropout
+from attnmt.models.dropout import GRID, Dropout, dropout, keep_mask
 
 
 @pytest.mark.parametrize("p", [0.1, 0.3, 0.5])
@@ -23,7 +24,9 @@ def test_kept_fraction_and_scale_match_f_dropout(p, dtype):
     n = x.numel()
     # The kept count is binomial(n, 1 - p): within 5 standard deviations.
     assert abs(int(kept.sum()) - n * (1 - p)) < 5 * math.sqrt(n * p * (1 - p))
-    assert torch.equal(out[kept], torch.full_like(out[kept], 1 / (1 - p)))  # in x's own dtype
+    on_grid = round(p * GRID) / GRID
+    assert abs(on_grid - p) <= 0.5 / GRID
+    assert torch.equal(out[kept], torch.full_like(out[kept], 1 / (1 - on_grid)))  # in x's own dtype
     assert out.dtype == dtype
     reference = F.dropout(x, p)
     assert abs(float(out.float().mean()) - float(reference.float().mean())) < 0.02  # both near 1
@@ -34,7 +37,7 @@ def test_the_gradient_flows_through_the_kept_elements_only():
     x = torch.randn(1000, requires_grad=True)
     out = dropout(x, 0.4)
     out.sum().backward()
-    assert torch.equal(x.grad, (out.detach() != 0).float() / 0.6)
+    assert torch.equal(x.grad, (out.detach() != 0).float() * (1 / (1 - round(0.4 * GRID) / GRID)))
 
 
 def test_same_seed_same_mask_and_eval_is_the_identity():
@@ -57,3 +60,19 @@ def test_the_module_is_an_nn_dropout_that_follows_train_and_eval():
     assert (module(x) == 0).any()
     module.eval()
     assert torch.equal(module(x), x)
+
+
+def test_the_mask_is_uniform_over_its_grid_and_unbiased():
+    torch.manual_seed(5)
+    keep, scale = keep_mask((400, 1000), 0.2)
+    assert keep.shape == (400, 1000) and keep.dtype == torch.bool
+    on_grid = round(0.2 * GRID) / GRID
+    assert scale == 1 / (1 - on_grid)  # E[keep * scale] = 1 exactly
+    n = keep.numel()
+    assert abs(int(keep.sum()) - n * (1 - on_grid)) < 5 * math.sqrt(n * on_grid * (1 - on_grid))
+    # Every row and column sees the same rate (no stripe from the words' four 16-bit parts).
+    by_part = keep.flatten().view(-1, 4).float().mean(0)
+    assert torch.allclose(by_part, torch.full((4,), 1 - on_grid), atol=0.005)
+    torch.manual_seed(5)
+    assert torch.equal(keep_mask((400, 1000), 0.2)[0], keep)
+    assert not torch.equal(keep_mask((400, 1000), 0.2)[0], keep)  # the next draw is another mask

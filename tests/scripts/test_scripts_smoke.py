@@ -200,7 +200,9 @@ def smoke_runs(w: World, tmp: Path) -> dict[str, list[Run]]:
         "bench_train.py": [
             Run(["--smoke", "--data", w.multi30k, "--archs", "transformer", "--precision", "fp32",
                  "--steps", 1, "--threads", 1], "tok/s (src+tgt)"),
-            Run(["--smoke", "--parts", "--threads", 1], "speed-up")],
+            Run(["--smoke", "--parts", "--threads", 1], "speed-up"),
+            Run(["--smoke", "--data", w.multi30k, "--profile", "--archs", "transformer",
+                 "--precision", "fp32", "--steps", 1, "--threads", 1], "| output projection |")],
         # limits made loose: at these sizes the verdict means nothing, the sampling runs as at full size
         "check_growth.py": [Run(
             ["--steps", 100, "--every", 50, "--interval", 0.02, "--lines", 2000, "--rss-limit", 10,
