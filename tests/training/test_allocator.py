@@ -1,6 +1,6 @@
-"""``training.allocator``: after ``keep_freed_memory`` glibc serves a large block from its heap, not from a fresh
-``mmap``, and a freed one is kept for the next step (``mallinfo2``: mapped bytes against the heap's free
-bytes), in a child process so that this one's allocator is left as it was."""
+"""``training.allocator``: after ``keep_freed_memory`` glibc serves a large block from its heap, not from a
+fresh ``mmap``, and a freed one is kept for the next step (``mallinfo2``: mapped bytes against the heap's
+free bytes), in a child process so that this one's allocator is left as it was."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from attnmt.training.allocator import keep_freed_memory
 
 class MallInfo2(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in
-                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
-                 "keepcost")]
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+                 "fordblks", "keepcost")]
 
 libc = ctypes.CDLL(None)
 libc.mallinfo2.restype = MallInfo2
