@@ -7,7 +7,10 @@ map, zero and fault in those pages again: on the Multi30k Transformer recipe a t
 2-core CPU, spread over whatever operator touched the fresh memory first (``bench_train.py --profile``,
 ``docs/benchmarks.md``). With ``M_MMAP_MAX`` 0 every block comes from the heap, and with ``M_TRIM_THRESHOLD``
 at its largest the freed heap is kept, so the next step reuses pages already mapped. The cost: the process
-keeps its largest step's memory until it exits, which a training process does anyway.
+keeps what its largest step freed, so after each validation (whose decoding allocates otherwise), the free
+pages go back to the system (``malloc_trim``). On 300 steps of the recipe with a validation every 100: peak
+resident memory 3.6 GiB against 2.9 with glibc's defaults, 1.1 GiB after the last validation, and 1.24x the
+tokens per second (11,922 against 9,646).
 
 Only where the C library is glibc (``mallopt`` exists); elsewhere nothing changes.
 """
@@ -31,3 +34,11 @@ def keep_freed_memory() -> bool:
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return mallopt(M_MMAP_MAX, 0) == 1 and mallopt(M_TRIM_THRESHOLD, LARGEST) == 1
+
+
+def release_freed_memory() -> None:
+    """Hand the heap's free pages back to the system (``malloc_trim``), after work that does not repeat."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

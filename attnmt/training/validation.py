@@ -22,6 +22,7 @@ from ..data.tokenizer import PAD_ID, Tokenizer
 from ..decoding.metrics import corpus_scores
 from ..decoding.translator import Translator
 from ..models.loss import label_smoothed_nll
+from .allocator import release_freed_memory
 from .runlog import ValidRecord
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,7 @@ class Validator:
             aer = self.aer(translator)
         finally:
             model.train(was_training)
+            release_freed_memory()
         return ValidRecord(
             step=step,
             loss=loss_sum / max(tokens, 1),

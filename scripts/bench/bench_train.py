@@ -179,9 +179,12 @@ def parts(threads: int, smoke: bool = False) -> None:
     rows = []
     for dtype in (torch.float32, torch.bfloat16):
         x = torch.randn(rows_, width, dtype=dtype, requires_grad=True)
+        ours = ms(lambda x=x: dropout(x, 0.2).sum().backward())
         rows.append((f"dropout 0.2 on {rows_}x{width} {str(dtype)[6:]}", "F.dropout (bernoulli_)",
-                     ms(lambda x=x: F.dropout(x, 0.2, True).sum().backward()),
-                     "attnmt.models.dropout (rand)", ms(lambda x=x: dropout(x, 0.2).sum().backward())))
+                     ms(lambda x=x: F.dropout(x, 0.2, True).sum().backward()), "attnmt (SFC64 words)", ours))
+        rand_mask = lambda x=x: x * (torch.rand(x.shape) >= 0.2).to(x.dtype).mul_(1.25)  # noqa: E731
+        rows.append((f"dropout 0.2 on {rows_}x{width} {str(dtype)[6:]}", "torch.rand mask",
+                     ms(lambda f=rand_mask: f().sum().backward()), "attnmt (SFC64 words)", ours))
     logits = torch.randn(1, pieces, vocabulary, requires_grad=True)
     target = torch.randint(1, vocabulary, (1, pieces))
 

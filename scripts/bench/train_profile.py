@@ -26,7 +26,8 @@ CATEGORIES = {  # category: operator names, checked in this order after the outp
     "loss (log-softmax, nll)": {"aten::_log_softmax", "aten::_log_softmax_backward_data", "aten::log_softmax",
                                 "aten::gather", "aten::nll_loss_forward", "aten::nll_loss_backward"},
     "layer norms": {"aten::native_layer_norm", "aten::native_layer_norm_backward", "aten::layer_norm"},
-    "dropout masks": {"aten::uniform_", "aten::rand", "aten::ge", "aten::bernoulli_", "aten::native_dropout"},
+    "dropout masks": {"aten::uniform_", "aten::rand", "aten::ge", "aten::bernoulli_", "aten::native_dropout",
+                      "dropout masks"},  # the last: attnmt.models.dropout's numpy draws
     "casts (autocast)": {"aten::copy_", "aten::_to_copy", "aten::to", "aten::clone"},
     "embeddings": {"aten::embedding", "aten::embedding_dense_backward", "aten::embedding_backward",
                    "aten::index_select", "aten::index_add_", "aten::index_put_"},

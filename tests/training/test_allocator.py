@@ -1,6 +1,7 @@
 """``training.allocator``: after ``keep_freed_memory`` glibc serves a large block from its heap, not from a
-fresh ``mmap``, and a freed one is kept for the next step (``mallinfo2``: mapped bytes against the heap's
-free bytes), in a child process so that this one's allocator is left as it was."""
+fresh ``mmap``, and a freed one is kept for the next step until ``release_freed_memory`` (``mallinfo2``:
+mapped bytes against the heap's free bytes), in a child process so that this one's allocator is left as it
+was."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 CHILD = r"""
 import ctypes, sys
 import torch
-from attnmt.training.allocator import keep_freed_memory
+from attnmt.training.allocator import keep_freed_memory, release_freed_memory
 
 class MallInfo2(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in
@@ -26,20 +27,22 @@ if sys.argv[1] == "keep":
 big = torch.empty(64 * 2**20, dtype=torch.uint8)  # 64 MiB, over any mmap threshold
 mapped = libc.mallinfo2().hblkhd
 del big
-print(mapped, libc.mallinfo2().fordblks)
+kept = libc.mallinfo2().fordblks
+release_freed_memory()
+print(mapped, kept, libc.mallinfo2().fordblks)
 """
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator: Linux only")
 def test_large_blocks_come_from_the_heap_and_stay_there_once_freed():
-    def child(mode: str) -> tuple[int, int]:
+    def child(mode: str) -> tuple[int, ...]:
         out = subprocess.run([sys.executable, "-c", CHILD, mode], capture_output=True, text=True, check=True)
-        mapped, free = out.stdout.split()
-        return int(mapped), int(free)
+        return tuple(int(n) for n in out.stdout.split())
 
-    mapped, free = child("default")
+    mapped, free, _ = child("default")
     assert mapped >= 64 * 2**20  # glibc's default: a fresh mapping, returned when freed
     assert free < 64 * 2**20
-    mapped, free = child("keep")
+    mapped, free, released = child("keep")
     assert mapped < 64 * 2**20  # from the heap
     assert free >= 64 * 2**20  # freed, and kept for the next step
+    assert released < 64 * 2**20  # until release_freed_memory hands it back
