@@ -2,15 +2,15 @@
 
 By default glibc serves every allocation over its mmap threshold (32 MiB at most) with a fresh ``mmap`` and
 returns it with ``munmap`` when freed. A training step allocates and frees the same large tensors every time
-(the logits and their gradient alone are rows x vocabulary floats), so each step paid for the kernel to
-map, zero and fault in those pages again: on the Multi30k Transformer recipe a third of a bf16 step on a
-2-core CPU, spread over whatever operator touched the fresh memory first (``bench_train.py --profile``,
-``docs/benchmarks.md``). With ``M_MMAP_MAX`` 0 every block comes from the heap, and with ``M_TRIM_THRESHOLD``
-at its largest the freed heap is kept, so the next step reuses pages already mapped. The cost: the process
-keeps what its largest step freed, so after each validation (whose decoding allocates otherwise), the free
-pages go back to the system (``malloc_trim``). On 300 steps of the recipe with a validation every 100: peak
-resident memory 3.6 GiB against 2.9 with glibc's defaults, 1.1 GiB after the last validation, and 1.24x the
-tokens per second (11,922 against 9,646).
+(the logits and their gradient alone are rows x vocabulary floats), so each step paid for the kernel to map,
+zero and fault in those pages again, in whatever operator touched the fresh memory first: the recipe's loss
+alone, forward and backward over 4,060 x 8,000 bf16 logits, took 253 ms that way and 114 ms without the
+mmaps on a 2-core CPU (``docs/benchmarks.md``, "Where a step's time goes"). With ``M_MMAP_MAX`` 0 every
+block comes from the heap, and with ``M_TRIM_THRESHOLD`` at its largest the freed heap is kept, so the next
+step reuses pages already mapped. The cost: the process keeps what its largest step freed, so after each
+validation (whose decoding allocates otherwise), the free pages go back to the system (``malloc_trim``). On
+300 steps of the recipe with a validation every 100: peak resident memory 3.6 GiB against 2.9 with glibc's
+defaults, 1.1 GiB after the last validation, and 1.24x the tokens per second (11,922 against 9,646).
 
 Only where the C library is glibc (``mallopt`` exists); elsewhere nothing changes.
 """
