@@ -52,7 +52,6 @@ def category(name: str, shapes: list, vocab: int) -> str:
 def profile_steps(trainer, groups: list, steps: int) -> dict:
     """Profile ``steps`` of ``groups`` (the first 5 warm the step up) on ``trainer``: ms per step by
     category, the step's wall time with and without the profiler, data time and the padding share."""
-    import torch
     from torch.profiler import ProfilerActivity, profile
 
     from attnmt.data.batching import gather
@@ -81,8 +80,7 @@ def profile_steps(trainer, groups: list, steps: int) -> dict:
     real = sum(b.n_src_tokens + b.n_tgt_tokens for b in batches)
     computed = sum(b.src.numel() + b.tgt_in.numel() for b in batches)
     return {"wall_ms": wall, "profiled_ms": profiled, "per_step_ms": dict(per_step), "data_ms": data,
-            "padding": 1 - real / computed, "tokens_per_step": real / steps,
-            "threads": torch.get_num_threads()}
+            "padding": 1 - real / computed, "tokens_per_step": real / steps}
 
 
 def report(results: dict[str, dict]) -> None:
